@@ -1,0 +1,1 @@
+"""Local development infrastructure (servers used by tests, the run command and benches)."""
