@@ -65,11 +65,16 @@ class Router:
                                    f"{existing.handler.__module__}.{existing.handler.__name__}")
         self._routes[route.event_type] = route
 
-    def resolve(self, event: Event) -> tuple[Route, Event]:
-        """Return the route for ``event`` and the event upcast for it."""
+    def route_for(self, event: Event) -> Route:
+        """Return the route for ``event``'s type, or raise ``UnknownEventType``."""
         route = self._routes.get(event.event_type)
         if route is None:
             raise UnknownEventType(f"no handler for event_type {event.event_type!r}")
+        return route
+
+    def resolve(self, event: Event) -> tuple[Route, Event]:
+        """Return the route for ``event`` and the event upcast for it."""
+        route = self.route_for(event)
         return route, route.upcast(event)
 
     def event_types(self) -> list[str]:

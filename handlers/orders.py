@@ -1,0 +1,48 @@
+"""Order management (``OR_MGMT``): keep an order projection, notify the partner.
+
+Version 2 is current: ``orderId``, ``orderStatusLatest``,
+``orderStatusLatestTimestamp`` (epoch seconds), ``orderLineItems`` and
+``orderSummary``. Version 1 events (``status``, ``timestamp``, ``items``)
+are upcast to version 2 before the handler sees them.
+"""
+
+from __future__ import annotations
+
+from eventbus import router
+from eventbus.context import Context
+from eventbus.errors import PermanentError
+from eventbus.event import Event
+from handlers.common import apply_projection, record_notification, require
+
+ORDER_STATUSES = {"OR_PLC": "placed", "OR_CNF": "confirmed", "OR_SHP": "shipped",
+                  "OR_DLV": "delivered", "OR_CNL": "cancelled"}
+# The partner wants to hear about these transitions.
+NOTIFY_ON = {"OR_CNF", "OR_SHP", "OR_CNL"}
+
+
+def order_v1_to_v2(event: Event) -> Event:
+    """Rename the v1 fields to their v2 names."""
+    old = event.entity_data
+    data = {"orderId": old.get("orderId"), "orderStatusLatest": old.get("status"),
+            "orderStatusLatestTimestamp": old.get("timestamp"),
+            "orderLineItems": old.get("items", []), "orderSummary": old.get("summary", {})}
+    return event.with_version("v2", data)
+
+
+@router.handler("OR_MGMT", versions=("v2",), upcasters={"v1": order_v1_to_v2})
+def on_order_event(context: Context) -> None:
+    """Project the order's latest status and record a partner notification."""
+    data = context.event.entity_data
+    order_id = require(data, "orderId", (int, str))
+    status = require(data, "orderStatusLatest", str)
+    if status not in ORDER_STATUSES:
+        raise PermanentError(f"unknown order status {status!r}")
+    as_of = require(data, "orderStatusLatestTimestamp", (int, float))
+    partner = context.event.entity_metadata.partner_id
+    state = {"orderId": order_id, "partnerId": partner, "status": status,
+             "statusName": ORDER_STATUSES[status], "lineItems": data.get("orderLineItems", []),
+             "summary": data.get("orderSummary", {})}
+    applied = apply_projection(context, "order_projection", f"{partner}:{order_id}", as_of, state)
+    if applied and status in NOTIFY_ON:
+        record_notification(context, "order-status",
+                            {"orderId": order_id, "status": status, "asOf": as_of})

@@ -1,0 +1,24 @@
+"""Promotions (``PROM_MGMT``, entity type ``Prom``): keep the partner's live promotions."""
+
+from __future__ import annotations
+
+from eventbus import router
+from eventbus.context import Context
+from eventbus.errors import PermanentError
+from handlers.common import apply_projection, require
+
+
+@router.handler("PROM_MGMT")
+def on_promotion_event(context: Context) -> None:
+    """Project a promotion; a discount outside 0-100 % can never be applied."""
+    data = context.event.entity_data
+    promotion_id = require(data, "promotionId", str)
+    discount = require(data, "discountPercent", (int, float))
+    if not 0 < discount <= 100:
+        raise PermanentError(f"discountPercent {discount} is outside (0, 100]")
+    as_of = require(data, "updatedAt", (int, float))
+    partner = context.event.entity_metadata.partner_id
+    state = {"promotionId": promotion_id, "partnerId": partner, "code": data.get("code", ""),
+             "discountPercent": discount, "validFrom": data.get("validFrom"),
+             "validTo": data.get("validTo"), "active": bool(data.get("active", True))}
+    apply_projection(context, "promotion_projection", f"{partner}:{promotion_id}", as_of, state)

@@ -1,0 +1,69 @@
+import pytest
+
+from eventbus.context import Context
+from eventbus.errors import DuplicateHandler, InvalidEvent, UnknownEventType, UnsupportedVersion
+from eventbus.event import EntityMetadata, Event
+from eventbus.keys import child_key, idempotency_key, rejected_key
+from eventbus.router import Router
+
+META = EntityMetadata(partner_id="p1", entity_id="order-1", entity_type="Order")
+
+
+def event(version: str = "v1", **data: object) -> Event:
+    return Event("OR_MGMT", version, "IN", META, dict(data))
+
+
+def test_publisher_key_wins() -> None:
+    assert idempotency_key(event(), {"idempotency_key": "k-1"}) == "k-1"
+
+
+def test_derived_key_is_stable_and_changes_with_the_payload() -> None:
+    first, again = idempotency_key(event(status="A"), {}), idempotency_key(event(status="A"), {})
+    assert first == again and first.startswith("order-1:OR_MGMT:")
+    assert idempotency_key(event(status="B"), {}) != first
+
+
+def test_unprintable_or_huge_key_is_invalid() -> None:
+    for bad in ("a\nb", "x" * 513):
+        with pytest.raises(InvalidEvent):
+            idempotency_key(event(), {"idempotency_key": bad})
+
+
+def test_child_keys_are_deterministic_and_distinct() -> None:
+    assert child_key("k", "NOTIFY", 0) == child_key("k", "NOTIFY", 0)
+    assert len({child_key("k", "A", 0), child_key("k", "A", 1), child_key("k", "B", 0)}) == 3
+    assert len(child_key("k" * 600, "A", 0)) < 100
+
+
+def test_rejected_key_is_per_message() -> None:
+    assert rejected_key(b"x", {}, "1") == rejected_key(b"x", {}, "1")
+    assert rejected_key(b"x", {}, "1") != rejected_key(b"x", {}, "2")
+
+
+def noop(context: Context) -> None:
+    pass
+
+
+def test_router_rejects_a_second_handler_for_a_type() -> None:
+    router = Router()
+    router.handler("OR_MGMT")(noop)
+
+    def other(context: Context) -> None:
+        pass
+
+    with pytest.raises(DuplicateHandler, match="OR_MGMT"):
+        router.handler("OR_MGMT")(other)
+
+
+def test_router_upcasts_chains_and_rejects_unknown() -> None:
+    router = Router()
+    router.handler("OR_MGMT", versions=("v3",), upcasters={
+        "v1": lambda e: e.with_version("v2", {**e.entity_data, "v2": True}),
+        "v2": lambda e: e.with_version("v3", {**e.entity_data, "v3": True}),
+    })(noop)
+    _, upcast = router.resolve(event("v1"))
+    assert upcast.event_version == "v3" and upcast.entity_data == {"v2": True, "v3": True}
+    with pytest.raises(UnsupportedVersion):
+        router.resolve(event("v9"))
+    with pytest.raises(UnknownEventType):
+        router.resolve(Event("NOPE", "v1", "IN", META, {}))
