@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 # Pub/Sub caps message data at 10 MB; the push envelope base64-encodes it
 # (4/3) and adds metadata, so this is the largest body a real push can have.
@@ -45,8 +46,9 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read the settings from ``environ`` (default ``os.environ``)."""
         env = os.environ if environ is None else environ
-        return cls(**{name: parse(env[var]) for name, (var, parse) in _SOURCES.items()
-                      if env.get(var, "") != ""})
+        values: dict[str, Any] = {name: parse(env[var]) for name, (var, parse) in _SOURCES.items()
+                                  if env.get(var, "") != ""}
+        return cls(**values)
 
 
 def _float(value: str) -> float:
@@ -81,7 +83,7 @@ def _str(value: str) -> str:
     return value
 
 
-_SOURCES = {
+_SOURCES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "mongodb_uri": ("MONGODB_URI", _str),
     "mongodb_db": ("MONGODB_DB", _str),
     "collection": ("EVENTBUS_COLLECTION", _str),

@@ -1,0 +1,20 @@
+# Each target sets up what it needs; see README.md.
+.PHONY: run stop test lint bench venv
+
+run:        ## MongoDB + emulator + service, then a sample batch processed end to end
+	bash infra/run-local.sh
+
+stop:       ## stop everything `make run` started
+	bash infra/stop-local.sh
+
+test:       ## install, lint, type-check and run every test against real servers
+	bash infra/test.sh
+
+lint:
+	bash infra/venv.sh && .venv/bin/ruff check . && .venv/bin/mypy eventbus handlers infra main.py
+
+bench:      ## benchmarks: ratios against baselines measured in the same run
+	bash infra/venv.sh && .venv/bin/python bench/store_ops.py && .venv/bin/python bench/handler.py
+
+venv:
+	bash infra/venv.sh

@@ -1,0 +1,7 @@
+"""``python -m eventbus``: see ``eventbus.cli``."""
+
+import sys
+
+from eventbus.cli import main
+
+sys.exit(main())

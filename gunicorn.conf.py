@@ -1,0 +1,18 @@
+"""gunicorn settings for Cloud Run and local runs: ``gunicorn -c gunicorn.conf.py main:app``."""
+
+import os
+
+# Cloud Run tells the container which port to listen on.
+bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8080')}"
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = int(os.environ.get("GUNICORN_THREADS", "4"))
+# Longer than the push ack deadline (default 60 s here), so gunicorn never
+# kills a handler that Pub/Sub is still waiting for.
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "120"))
+graceful_timeout = 20
+# Payload unwrapping delivers attributes such as idempotency_key as headers;
+# gunicorn drops headers with underscores unless told to keep them.
+header_map = "dangerous"
+accesslog = None  # eventbus writes one structured line per request instead
+errorlog = "-"
+loglevel = os.environ.get("LOG_LEVEL", "info").lower()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command: install, lint, type-check, start the local database, run every test.
+# Extra arguments go to pytest (e.g. infra/test.sh -k envelope).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash infra/venv.sh
+PY=.venv/bin/python
+
+echo "== ruff"; .venv/bin/ruff check .
+echo "== mypy"; .venv/bin/mypy eventbus handlers infra main.py
+
+started_db=""
+cleanup() {
+  if [ -n "$started_db" ]; then $PY -m infra.localdb stop || true; fi
+}
+trap cleanup EXIT
+if [ -z "${MONGODB_URI:-}" ]; then
+  if ! $PY -m infra.localdb status >/dev/null 2>&1; then started_db=1; fi
+  echo "== localdb"; $PY -m infra.localdb start
+  MONGODB_URI=$($PY -m infra.localdb uri)
+  export MONGODB_URI
+fi
+echo "== pytest (MongoDB at $MONGODB_URI)"
+$PY -m pytest "$@"
