@@ -1,0 +1,203 @@
+"""The push endpoint through Flask's test client, with the real store and handlers."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from eventbus import logs
+from eventbus.context import Context
+from eventbus.errors import PermanentError
+from eventbus.metrics import round_trips
+from eventbus.router import Router
+from tests import golden
+from tests.http.conftest import Harness, event
+
+Make = Callable[..., Harness]
+
+
+def recording_router(behaviour: Callable[[Context], None] | None = None) -> tuple[Router, list]:
+    calls: list[Context] = []
+    router = Router()
+
+    @router.handler("TEST")
+    def handle(context: Context) -> None:
+        calls.append(context)
+        if behaviour is not None:
+            behaviour(context)
+
+    return router, calls
+
+
+@pytest.mark.parametrize(("name", "outcome", "status"), [
+    ("wrapped_production.json", "processed", "SUCCESS"),
+    ("wrapped_no_attributes.json", "processed", "SUCCESS"),
+    ("wrapped_v1_order.json", "processed", "SUCCESS"),
+    ("cloudevent_structured.json", "processed", "SUCCESS"),
+    ("cloudevent_binary.json", "processed", "SUCCESS"),
+    ("unwrapped_with_metadata.json", "processed", "SUCCESS"),
+    ("bad_json_payload.json", "rejected", "FAILED"),
+    ("unknown_event_type.json", "rejected", "FAILED"),
+])
+def test_golden_payloads(make_harness: Make, name: str, outcome: str, status: str) -> None:
+    h = make_harness(router=None)
+    doc = golden.load(name)
+    response = h.client.post("/", data=golden.body_bytes(name), headers=doc["headers"])
+    assert response.status_code == 200, response.json
+    assert response.json["outcome"] == outcome
+    stored = h.store.get(response.json["idempotency_key"])
+    assert stored is not None and stored["event_status"] == status
+    if status == "FAILED":
+        assert stored["retryable"] is False and stored["error"]["message"]
+
+
+def test_order_event_updates_the_projection_and_records_a_notification(make_harness: Make) -> None:
+    h = make_harness()
+    name = "wrapped_production.json"
+    for _ in range(3):  # redeliveries of the same message
+        response = h.client.post("/", data=golden.body_bytes(name),
+                                 headers=golden.load(name)["headers"])
+        assert response.status_code == 200
+    db = h.store.database
+    order = db.order_projection.find_one({"_id": "6231cfc8800d284c981b3146:59734"})
+    assert order["status"] == "OR_CNF" and order["eventsApplied"] == 1
+    assert db.partner_notifications.count_documents({}) == 1
+
+
+def test_v1_order_is_upcast_before_the_handler(make_harness: Make) -> None:
+    h = make_harness()
+    name = "wrapped_v1_order.json"
+    h.client.post("/", data=golden.body_bytes(name), headers=golden.load(name)["headers"])
+    order = h.store.database.order_projection.find_one({"orderId": 777})
+    assert order["status"] == "OR_PLC" and order["lineItems"][0]["sku"] == "SKU-9"
+
+
+def test_duplicate_is_acked_without_running_the_handler(make_harness: Make) -> None:
+    router, calls = recording_router()
+    h = make_harness(router=router)
+    first, second = h.push(event(), "m-1"), h.push(event(), "m-2")
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert second.json["outcome"] == "duplicate" and len(calls) == 1
+
+
+def test_transient_failure_is_retried_and_counted(make_harness: Make) -> None:
+    def flaky(context: Context) -> None:
+        if context.attempt == 1:
+            raise ConnectionError("partner API down")
+
+    router, calls = recording_router(flaky)
+    h = make_harness(router=router)
+    first = h.push(event())
+    assert first.status_code == 503 and first.json["outcome"] == "retry"
+    failed = h.store.get(first.json["idempotency_key"])
+    assert failed["event_status"] == "FAILED" and failed["retryable"] is True
+    assert "partner API down" in failed["error"]["message"]
+    h.clock.advance(10)
+    second = h.push(event())
+    assert second.status_code == 200 and second.json["outcome"] == "processed"
+    stored = h.store.get(second.json["idempotency_key"])
+    assert stored["event_status"] == "SUCCESS"
+    assert sorted(stored["entity_metadata"]["resilienceAttemptCount"]) == ["1", "2"]
+    assert [c.attempt for c in calls] == [1, 2]
+
+
+def test_permanent_failure_is_stored_and_acked_once(make_harness: Make) -> None:
+    def broken(context: Context) -> None:
+        raise PermanentError("partner rejected the order")
+
+    router, calls = recording_router(broken)
+    h = make_harness(router=router)
+    first, again = h.push(event()), h.push(event())
+    assert first.status_code == 200 and first.json["outcome"] == "rejected"
+    assert again.status_code == 200 and again.json["outcome"] == "duplicate"
+    stored = h.store.get(first.json["idempotency_key"])
+    assert stored["retryable"] is False and stored["error"]["classification"] == "permanent"
+    assert len(calls) == 1
+
+
+def test_live_lease_gets_503_and_an_expired_one_is_taken(make_harness: Make) -> None:
+    router, calls = recording_router()
+    h = make_harness(router=router, lease_seconds=30)
+    key = "lease-test"
+    h.store.claim(key, {"event_type": "TEST"}, h.clock())
+    busy = h.push(event(), idempotency_key=key)
+    assert busy.status_code == 503 and busy.json["outcome"] == "in_progress"
+    h.clock.advance(31)
+    taken = h.push(event(), idempotency_key=key)
+    assert taken.status_code == 200 and taken.json["attempt"] == 2 and len(calls) == 1
+
+
+def test_attempt_cap_stores_failed_for_good_and_acks(make_harness: Make) -> None:
+    def always(context: Context) -> None:
+        raise TimeoutError("still down")
+
+    router, _ = recording_router(always)
+    h = make_harness(router=router, max_attempts=2)
+    assert h.push(event()).status_code == 503
+    last = h.push(event())
+    assert last.status_code == 200 and last.json["outcome"] == "rejected"
+    stored = h.store.get(last.json["idempotency_key"])
+    assert stored["error"]["classification"] == "attempt_cap" and stored["retryable"] is False
+
+
+@pytest.mark.parametrize("body", [b"", b"hello", b"[]", b'{"message": {}}', b'{"a": 1}'])
+def test_not_a_pubsub_delivery_is_400_json(make_harness: Make, body: bytes) -> None:
+    h = make_harness(router=Router())
+    response = h.client.post("/", data=body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json["error"] == "bad_request" and response.json["message"]
+    assert h.store.collection.count_documents({}) == 0
+
+
+def test_too_large_is_413(make_harness: Make) -> None:
+    h = make_harness(router=Router(), max_body_bytes=1000)
+    response = h.client.post("/", data=b"x" * 2000, content_type="application/json")
+    assert response.status_code == 413 and response.json["error"] == "payload_too_large"
+
+
+def test_health_and_unknown_routes_answer_json(make_harness: Make) -> None:
+    h = make_harness(router=Router())
+    assert h.client.get("/health").json == {"status": "ok"}
+    assert h.client.get("/ready").status_code == 200
+    assert h.client.get("/").status_code == 405
+    missing = h.client.get("/nope")
+    assert missing.status_code == 404 and missing.json["error"] == "not_found"
+
+
+def test_store_down_is_503_without_a_traceback(make_harness: Make) -> None:
+    router, calls = recording_router()
+    h = make_harness(router=router, mongodb_uri="mongodb://127.0.0.1:9/",
+                     store_timeout_ms=300)
+    response = h.push(event())
+    assert response.status_code == 503 and response.json["outcome"] == "unavailable"
+    assert "Traceback" not in response.get_data(as_text=True) and calls == []
+
+
+def test_round_trips_new_event_two_duplicate_one(make_harness: Make) -> None:
+    router, _ = recording_router()
+    h = make_harness(router=router)
+    h.push(event(), "warm-up", idempotency_key="warm")  # indexes and connection pool
+    with round_trips.measure() as new:
+        assert h.push(event(), idempotency_key="rt-1").json["outcome"] == "processed"
+    with round_trips.measure() as duplicate:
+        assert h.push(event(), idempotency_key="rt-1").json["outcome"] == "duplicate"
+    assert (new.count, duplicate.count) == (2, 1)
+
+
+def test_one_structured_log_line_per_request(make_harness: Make) -> None:
+    router, _ = recording_router()
+    h = make_harness(router=router)
+    stream = io.StringIO()
+    logs.configure("svc", stream=stream)
+    h.push(event(), idempotency_key="log-1")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    request_lines = [line for line in lines if line.get("logType") == "REQUEST_INBOUND"]
+    assert len(request_lines) == 1
+    line: dict[str, Any] = request_lines[0]
+    assert line["severity"] == "INFO" and line["status"] == 200 and line["service"] == "svc"
+    for field in ("method", "path", "requestId", "duration", "timestamp", "outcome"):
+        assert field in line
