@@ -23,7 +23,7 @@ class Clock:
     """A clock the test moves by hand; nothing sleeps."""
 
     def __init__(self) -> None:
-        self.moment = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.timezone.utc)
+        self.moment = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
     def __call__(self) -> dt.datetime:
         return self.moment
