@@ -26,28 +26,20 @@ class Backend(enum.Enum):
 
 @dataclass(frozen=True)
 class Config:
-    """Every path, port and choice the manager needs; built by `from_env`."""
+    """Every path, port and choice the manager needs; built by `from_env`.
+
+    Tests use `dataclasses.replace` to get a private run/log directory and port
+    while sharing the one provisioned chroot.
+    """
 
     home: Path
+    chroot: Path  # the Debian sid chroot holding PostgreSQL 18 and DocumentDB
+    logs_dir: Path  # provision.log, postgres.log, gateway.log, mongod.log
+    run_dir: Path  # state.json (pids, backend, uri) and the lock
     port: int
     pg_port: int
     mongodb_uri: str | None
     mongod: str | None
-
-    @property
-    def chroot(self) -> Path:
-        """The Debian sid chroot holding PostgreSQL 18 and DocumentDB."""
-        return self.home / "documentdb-sid"
-
-    @property
-    def logs_dir(self) -> Path:
-        """Directory of provision.log, postgres.log, gateway.log, mongod.log."""
-        return self.home / "logs"
-
-    @property
-    def run_dir(self) -> Path:
-        """Directory of the state file (pids, backend, uri) and the lock."""
-        return self.home / "run"
 
     @property
     def local_uri(self) -> str:
@@ -67,8 +59,12 @@ class Config:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         """Read LOCALDB_HOME, LOCALDB_PORT, LOCALDB_PG_PORT, MONGODB_URI and PATH."""
         env = os.environ if env is None else env
+        home = home_dir(env)
         return cls(
-            home=home_dir(env),
+            home=home,
+            chroot=home / "documentdb-sid",
+            logs_dir=home / "logs",
+            run_dir=home / "run",
             port=_port(env, "LOCALDB_PORT", DEFAULT_PORT),
             pg_port=_port(env, "LOCALDB_PG_PORT", DEFAULT_PG_PORT),
             mongodb_uri=env.get("MONGODB_URI") or None,
