@@ -108,7 +108,7 @@ class Processor:
         key = _safe_key(event, delivery)
         raw = delivery.data.decode("utf-8", "replace")
         self.store.reject(key, records.event_fields(event, delivery), self.now(),
-                          error_info(exc, "invalid"), raw_payload=raw)
+                          records.error_document(exc, "invalid"), raw_payload=raw)
         logger.error("rejected message %s: %s", delivery.message_id, exc)
         return Result(Outcome.REJECTED, key=key, error=str(exc),
                       event_type=event.event_type if event else "")
@@ -144,19 +144,13 @@ class Processor:
         final = classify(exc) is Classification.PERMANENT
         capped = claim.attempt >= self.settings.max_attempts and not final
         kind = "attempt_cap" if capped else classify(exc).value
-        self.store.fail(key, claim.owner, self.now(), error_info(exc, kind),
+        self.store.fail(key, claim.owner, self.now(), records.error_document(exc, kind),
                         retryable=not (final or capped))
         outcome = Outcome.REJECTED if final or capped else Outcome.RETRY
         (logger.error if outcome is Outcome.REJECTED else logger.warning)(
             "%s on %s attempt %d: %s", kind, key, claim.attempt, exc)
         return Result(outcome, key=key, event_type=event.event_type,
                       attempt=claim.attempt, error=f"{type(exc).__name__}: {exc}")
-
-
-def error_info(exc: BaseException, classification: str) -> dict[str, str]:
-    """Return the ``error`` sub-document stored with a FAILED record."""
-    return {"type": type(exc).__name__, "message": str(exc)[:2000],
-            "classification": classification}
 
 
 def _existing(record: Mapping[str, Any], key: str, event_type: str) -> Result:

@@ -66,7 +66,7 @@ class PushService:
         if self.authenticator is not None:
             self.authenticator.verify(request.headers.get("Authorization", ""))
         body = _read_body(request, self.settings.max_body_bytes)
-        delivery = parse_delivery(body, request.headers)
+        delivery = parse_delivery(body, dict(request.headers.items()))
         self.ensure_indexes()
         return self.processor.process(delivery, request_id)
 
