@@ -35,6 +35,7 @@ def recording_router(behaviour: Callable[[Context], None] | None = None) -> tupl
 
 @pytest.mark.parametrize(("name", "outcome", "status"), [
     ("wrapped_production.json", "processed", "SUCCESS"),
+    ("emulator_wrapped_push.json", "processed", "SUCCESS"),
     ("wrapped_no_attributes.json", "processed", "SUCCESS"),
     ("wrapped_v1_order.json", "processed", "SUCCESS"),
     ("cloudevent_structured.json", "processed", "SUCCESS"),
