@@ -1,8 +1,9 @@
 """The Flask application factory, in the style of Flask's tutorial.
 
 ``create_app(settings=None, store=None)`` reads the environment once, imports
-the handler modules, and wires store, router, clock and authenticator into
-one ``PushService``. Tests pass their own settings, store and clock.
+the handler modules, and wires store, router, clock, authenticator and the
+inline outbox relay into one ``PushService``. Tests pass their own settings,
+store, clock and ``after_success`` hook (a relay on a fake publisher).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from eventbus import logs
 from eventbus.auth import Authenticator
 from eventbus.config import Settings
 from eventbus.idempotency import AfterSuccess, Clock, Processor
+from eventbus.publisher import LazyPublisher, Publisher
+from eventbus.relay import Relay
 from eventbus.router import Router
 from eventbus.router import router as default_router
 from eventbus.service import PushService
@@ -41,23 +44,43 @@ def load_handlers(modules: tuple[str, ...]) -> None:
 def build_service(settings: Settings, store: MongoEventStore | None = None, *,
                   router: Router | None = None, now: Clock | None = None,
                   after_success: AfterSuccess | None = None) -> PushService:
-    """Wire one ``PushService`` from its parts; missing parts come from ``settings``."""
+    """Wire one ``PushService`` from its parts; missing parts come from ``settings``.
+
+    ``after_success`` runs after each SUCCESS with children; when it is not
+    given, it is the inline relay, unless ``settings.relay_inline`` is off.
+    """
     load_handlers(settings.handler_modules)
     store = store or MongoEventStore.from_settings(settings)
-    processor = Processor(store, router or default_router, settings, now or utcnow,
+    now = now or utcnow
+    if after_success is None and settings.relay_inline:
+        after_success = inline_relay(settings, store, now)
+    processor = Processor(store, router or default_router, settings, now,
                           after_success=after_success)
     authenticator = (Authenticator(settings.auth_audience, settings.auth_service_accounts)
                      if settings.auth_enabled else None)
     return PushService(settings, store, processor, authenticator)
 
 
+def inline_relay(settings: Settings, store: MongoEventStore, now: Clock) -> Relay:
+    """Return the relay that publishes a parent's children before its push is acked.
+
+    It spends at most ``settings.relay_budget_seconds`` per message; the
+    publisher is built on first use, so a service without Pub/Sub credentials
+    still starts (its children wait for the sweeper).
+    """
+    publisher = LazyPublisher(lambda: Publisher.from_settings(settings))
+    return Relay(store.collection, publisher, now=now, budget=settings.relay_budget_seconds)
+
+
 def create_app(settings: Settings | None = None, store: MongoEventStore | None = None, *,
                router: Router | None = None, now: Clock | None = None,
+               after_success: AfterSuccess | None = None,
                service: PushService | None = None) -> flask.Flask:
     """Return the Flask app serving the push endpoint and health checks."""
     settings = settings or Settings.from_env()
     logs.configure(settings.service, settings.log_level)
-    service = service or build_service(settings, store, router=router, now=now)
+    service = service or build_service(settings, store, router=router, now=now,
+                                       after_success=after_success)
     service.ensure_indexes()
     app = flask.Flask("eventbus")
     app.extensions["eventbus"] = service

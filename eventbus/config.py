@@ -6,6 +6,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 # Pub/Sub caps message data at 10 MB; the push envelope base64-encodes it
 # (4/3) and adds metadata, so this is the largest body a real push can have.
@@ -40,6 +41,7 @@ class Settings:
     relay_inline: bool = True
     relay_budget_seconds: float = 2.0
     partner_timeout_seconds: float = 5.0
+    partner_url: str = "http://127.0.0.1:9000/partners/{partnerId}/events"
     log_level: str = "INFO"
 
     @classmethod
@@ -83,6 +85,20 @@ def _str(value: str) -> str:
     return value
 
 
+def _url_template(value: str) -> str:
+    # Checked at start-up: a template that cannot be filled would otherwise
+    # fail every partner call, one event at a time.
+    try:
+        url = value.format(partnerId="p")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise SettingsError(f"bad URL template {value!r}: only {{partnerId}} may be used "
+                            f"({type(exc).__name__}: {exc})") from None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SettingsError(f"not an http(s) URL template: {value!r}")
+    return value
+
+
 _SOURCES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "mongodb_uri": ("MONGODB_URI", _str),
     "mongodb_db": ("MONGODB_DB", _str),
@@ -103,5 +119,6 @@ _SOURCES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "relay_inline": ("EVENTBUS_RELAY_INLINE", _bool),
     "relay_budget_seconds": ("EVENTBUS_RELAY_BUDGET_SECONDS", _float),
     "partner_timeout_seconds": ("EVENTBUS_PARTNER_TIMEOUT_SECONDS", _float),
+    "partner_url": ("EVENTBUS_PARTNER_URL", _url_template),
     "log_level": ("LOG_LEVEL", _str),
 }

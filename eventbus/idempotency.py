@@ -6,7 +6,9 @@ outcome; ``eventbus.http`` turns outcomes into status codes.
 * record already SUCCESS, or FAILED for good   → DUPLICATE (ack, handler not run)
 * record PROCESSING under a live lease          → IN_PROGRESS (503, redelivered later)
 * new, retryable, or lease expired              → claimed, the handler runs
-* handler returned                              → SUCCESS (+ outbox) → PROCESSED
+* handler returned                              → SUCCESS (+ outbox) → PROCESSED;
+                                                  then ``after_success`` (the inline relay),
+                                                  whose failures never change the outcome
 * handler raised a transient error              → FAILED retryable → RETRY (503)
 * handler raised a permanent error, or the attempt cap is reached
                                                 → FAILED for good → REJECTED (ack)
@@ -36,7 +38,7 @@ from eventbus.errors import (
     classify,
 )
 from eventbus.event import Event, parse_event
-from eventbus.keys import idempotency_key, rejected_key
+from eventbus.keys import cascade_links, idempotency_key, rejected_key
 from eventbus.outcome import Outcome
 from eventbus.router import Route, Router
 from eventbus.store import Claim, MongoEventStore
@@ -93,7 +95,8 @@ class Processor:
         except InvalidEvent as exc:
             return self._reject(delivery, exc, event)
         try:
-            claim = self.store.claim(key, records.event_fields(event, delivery), self.now())
+            fields = records.event_fields(event, delivery, **cascade_links(delivery.attributes))
+            claim = self.store.claim(key, fields, self.now())
         except AlreadyExists as exc:
             return _existing(exc.record, key, event.event_type)
         return self._run(route, event, key, claim, delivery, request_id)
@@ -107,7 +110,8 @@ class Processor:
     def _reject(self, delivery: Delivery, exc: InvalidEvent, event: Event | None) -> Result:
         key = _safe_key(event, delivery)
         raw = delivery.data.decode("utf-8", "replace")
-        self.store.reject(key, records.event_fields(event, delivery), self.now(),
+        fields = records.event_fields(event, delivery, **cascade_links(delivery.attributes))
+        self.store.reject(key, fields, self.now(),
                           records.error_document(exc, "invalid"), raw_payload=raw)
         logger.error("rejected message %s: %s", delivery.message_id, exc)
         return Result(Outcome.REJECTED, key=key, error=str(exc),
@@ -127,16 +131,19 @@ class Processor:
     def _context(self, event: Event, key: str, claim: Claim, delivery: Delivery,
                  request_id: str) -> Context:
         log = logging.LoggerAdapter(logger, {"requestId": request_id, "idempotency_key": key})
-        root = delivery.attributes.get("root_key") or key
+        root = cascade_links(delivery.attributes).get("root_key") or key
         return Context(event=event, key=key, attempt=claim.attempt, delivery=delivery, log=log,
-                       db=self.store.database, now=self.now, root_key=root)
+                       db=self.store.database, now=self.now, root_key=root,
+                       settings=self.settings)
 
     def _succeed(self, key: str, claim: Claim, event: Event, context: Context) -> Result:
-        outbox = [child.to_document(key, context.root_key) for child in context.children]
-        if not self.store.succeed(key, claim.owner, self.now(), outbox):
+        now = self.now()
+        outbox = [child.to_document(key, context.root_key, records.bson_time(now))
+                  for child in context.children]
+        if not self.store.succeed(key, claim.owner, now, outbox):
             logger.warning("lease on %s was lost before SUCCESS was stored", key)
         elif outbox and self.after_success is not None:
-            self.after_success(key, outbox)
+            _run_hook(self.after_success, key, outbox)
         return Result(Outcome.PROCESSED, key=key, event_type=event.event_type,
                       attempt=claim.attempt, children=len(outbox))
 
@@ -151,6 +158,15 @@ class Processor:
             "%s on %s attempt %d: %s", kind, key, claim.attempt, exc)
         return Result(outcome, key=key, event_type=event.event_type,
                       attempt=claim.attempt, error=f"{type(exc).__name__}: {exc}")
+
+
+def _run_hook(hook: AfterSuccess, key: str, outbox: Sequence[Mapping[str, Any]]) -> None:
+    # SUCCESS is stored: whatever the hook does, the message is processed and
+    # must be acked; the outbox keeps what the hook did not finish.
+    try:
+        hook(key, outbox)
+    except Exception:
+        logger.exception("after_success hook failed for %s; left to the sweeper", key)
 
 
 def _existing(record: Mapping[str, Any], key: str, event_type: str) -> Result:

@@ -10,6 +10,9 @@ The rule, in order:
 
 A child event emitted by a handler gets ``<parent>/<index>:<child type>``,
 so a retried parent produces the same child keys and the child deduplicates.
+The relay publishes a child with the attributes ``parent_key`` and
+``root_key`` (the key of the event that started the cascade); the receiver
+stores them, so an operator can follow a cascade (``python -m eventbus trace``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from eventbus.event import Event
 
 MAX_KEY_LENGTH = 512
 _HASH_CHARS = 32
+CASCADE_LINKS = ("parent_key", "root_key")
 
 
 def canonical_json(value: object) -> str:
@@ -59,7 +63,21 @@ def child_key(parent_key: str, child_type: str, index: int) -> str:
     return key if len(key) <= MAX_KEY_LENGTH else f"{child_type}:{digest(key)}"
 
 
+def cascade_links(attributes: Mapping[str, str]) -> dict[str, str]:
+    """Return the ``parent_key`` and ``root_key`` attributes that are usable keys.
+
+    They only describe the cascade, so a malformed one is dropped rather than
+    failing the event.
+    """
+    return {name: value for name in CASCADE_LINKS
+            if (value := attributes.get(name, "")) and _usable(value)}
+
+
+def _usable(key: str) -> bool:
+    return len(key) <= MAX_KEY_LENGTH and key.isprintable()
+
+
 def _checked(key: str) -> str:
-    if len(key) > MAX_KEY_LENGTH or not key.isprintable():
+    if not _usable(key):
         raise InvalidEvent(f"idempotency_key must be printable and at most {MAX_KEY_LENGTH} chars")
     return key

@@ -11,6 +11,6 @@ Write effects so that running them twice is harmless (the framework makes a
 second run rare, not impossible: a lease can expire under a slow handler).
 """
 
-from handlers import orders, promotions, subscriptions
+from handlers import notifications, orders, promotions, subscriptions
 
-__all__ = ["orders", "promotions", "subscriptions"]
+__all__ = ["notifications", "orders", "promotions", "subscriptions"]

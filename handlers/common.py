@@ -1,4 +1,4 @@
-"""Effects shared by the domain handlers: projections and partner notifications."""
+"""Effects shared by the domain handlers: projections and payload checks."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from pymongo.errors import DuplicateKeyError
 from eventbus.context import Context
 from eventbus.errors import PermanentError
 
-NOTIFICATIONS = "partner_notifications"
-
 
 def apply_projection(context: Context, collection: str, doc_id: str, as_of: float,
                      state: Mapping[str, Any]) -> bool:
-    """Set ``state`` on a projection unless a newer event already did; True if applied.
+    """Set ``state`` on a projection unless a newer event already did.
+
+    Return True when this event's state is applied, now or by an earlier
+    attempt of the same event: a retried handler must take the same
+    decisions (emit the same children) as the attempt that applied it.
 
     Events may arrive out of order, so each projection keeps the timestamp of
     the state it shows and refuses older ones. The history records which
@@ -28,21 +30,11 @@ def apply_projection(context: Context, collection: str, doc_id: str, as_of: floa
     try:
         context.db[collection].update_one(newer, change, upsert=True)
     except DuplicateKeyError:
+        if context.db[collection].count_documents({"_id": doc_id, "history.key": context.key}):
+            return True
         context.log.info("stale event for %s %s ignored", collection, doc_id)
         return False
     return True
-
-
-def record_notification(context: Context, kind: str, payload: Mapping[str, Any]) -> None:
-    """Record, once per event, a notification to send to the partner."""
-    meta = context.event.entity_metadata
-    document = {"_id": f"{context.key}#{kind}", "kind": kind, "partnerId": meta.partner_id,
-                "partnerName": meta.partner_name, "entity_id": meta.entity_id,
-                "payload": dict(payload), "status": "PENDING", "created": context.now()}
-    try:
-        context.db[NOTIFICATIONS].insert_one(document)
-    except DuplicateKeyError:
-        context.log.info("notification %s already recorded", document["_id"])
 
 
 def require(data: Mapping[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:

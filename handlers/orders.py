@@ -1,5 +1,9 @@
 """Order management (``OR_MGMT``): keep an order projection, notify the partner.
 
+A status the partner wants to hear about starts the notification cascade
+(``handlers/notifications.py``): the handler only emits ``PARTNER_NOTIFY``;
+the partner call and its record are later steps, each retried on its own.
+
 Version 2 is current: ``orderId``, ``orderStatusLatest``,
 ``orderStatusLatestTimestamp`` (epoch seconds), ``orderLineItems`` and
 ``orderSummary``. Version 1 events (``status``, ``timestamp``, ``items``)
@@ -12,7 +16,8 @@ from eventbus import router
 from eventbus.context import Context
 from eventbus.errors import PermanentError
 from eventbus.event import Event
-from handlers.common import apply_projection, record_notification, require
+from handlers.common import apply_projection, require
+from handlers.notifications import notify_partner
 
 ORDER_STATUSES = {"OR_PLC": "placed", "OR_CNF": "confirmed", "OR_SHP": "shipped",
                   "OR_DLV": "delivered", "OR_CNL": "cancelled"}
@@ -31,7 +36,7 @@ def order_v1_to_v2(event: Event) -> Event:
 
 @router.handler("OR_MGMT", versions=("v2",), upcasters={"v1": order_v1_to_v2})
 def on_order_event(context: Context) -> None:
-    """Project the order's latest status and record a partner notification."""
+    """Project the order's latest status; notify the partner of the transitions it wants."""
     data = context.event.entity_data
     order_id = require(data, "orderId", (int, str))
     status = require(data, "orderStatusLatest", str)
@@ -44,5 +49,5 @@ def on_order_event(context: Context) -> None:
              "summary": data.get("orderSummary", {})}
     applied = apply_projection(context, "order_projection", f"{partner}:{order_id}", as_of, state)
     if applied and status in NOTIFY_ON:
-        record_notification(context, "order-status",
-                            {"orderId": order_id, "status": status, "asOf": as_of})
+        notify_partner(context, "order-status",
+                       {"orderId": order_id, "status": status, "asOf": as_of})

@@ -5,7 +5,8 @@ from __future__ import annotations
 from eventbus import router
 from eventbus.context import Context
 from eventbus.errors import PermanentError
-from handlers.common import apply_projection, record_notification, require
+from handlers.common import apply_projection, require
+from handlers.notifications import notify_partner
 
 SUBSCRIPTION_STATUSES = ("ACTIVE", "PAUSED", "CANCELLED")
 
@@ -25,5 +26,5 @@ def on_subscription_event(context: Context) -> None:
     doc_id = f"{partner}:{subscription_id}"
     if apply_projection(context, "subscription_projection", doc_id, as_of, state) \
             and status == "CANCELLED":
-        record_notification(context, "subscription-cancelled",
-                            {"subscriptionId": subscription_id, "asOf": as_of})
+        notify_partner(context, "subscription-cancelled",
+                       {"subscriptionId": subscription_id, "asOf": as_of})

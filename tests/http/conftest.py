@@ -15,6 +15,7 @@ from pymongo.database import Database
 
 from eventbus.app import build_service, create_app
 from eventbus.config import Settings
+from eventbus.idempotency import AfterSuccess
 from eventbus.router import Router
 from eventbus.store import MongoEventStore
 
@@ -61,20 +62,23 @@ def event(event_type: str = "TEST", **data: Any) -> dict[str, Any]:
 
 @pytest.fixture()
 def settings(mongo_db: Database, mongo_uri: str) -> Settings:
+    # No inline relay by default: tests that relay pass their own ``after_success``.
     return Settings(mongodb_uri=mongo_uri, mongodb_db=mongo_db.name, lease_seconds=30,
-                    max_attempts=5, store_timeout_ms=3000)
+                    max_attempts=5, store_timeout_ms=3000, relay_inline=False)
 
 
 @pytest.fixture()
 def make_harness(settings: Settings) -> Iterator[Callable[..., Harness]]:
     stores: list[MongoEventStore] = []
 
-    def make(router: Router | None = None, **overrides: Any) -> Harness:
+    def make(router: Router | None = None, after_success: AfterSuccess | None = None,
+             clock: Clock | None = None, **overrides: Any) -> Harness:
         final = dataclasses.replace(settings, **overrides)
         store = MongoEventStore.from_settings(final)
         stores.append(store)
-        clock = Clock()
-        service = build_service(final, store, router=router, now=clock)
+        clock = clock or Clock()
+        service = build_service(final, store, router=router, now=clock,
+                                after_success=after_success)
         app = create_app(final, store, service=service)
         return Harness(app.test_client(), store, clock, router or Router(), app)
 

@@ -12,6 +12,7 @@ import pytest
 from eventbus import logs
 from eventbus.context import Context
 from eventbus.errors import PermanentError
+from eventbus.keys import child_key
 from eventbus.metrics import round_trips
 from eventbus.router import Router
 from tests import golden
@@ -56,17 +57,29 @@ def test_golden_payloads(make_harness: Make, name: str, outcome: str, status: st
         assert stored["retryable"] is False and stored["error"]["message"]
 
 
-def test_order_event_updates_the_projection_and_records_a_notification(make_harness: Make) -> None:
+def test_order_event_updates_the_projection_and_emits_a_partner_notification(
+        make_harness: Make) -> None:
     h = make_harness()
     name = "wrapped_production.json"
+    keys = set()
     for _ in range(3):  # redeliveries of the same message
         response = h.client.post("/", data=golden.body_bytes(name),
                                  headers=golden.load(name)["headers"])
         assert response.status_code == 200
+        keys.add(response.json["idempotency_key"])
     db = h.store.database
     order = db.order_projection.find_one({"_id": "6231cfc8800d284c981b3146:59734"})
     assert order["status"] == "OR_CNF" and order["eventsApplied"] == 1
-    assert db.partner_notifications.count_documents({}) == 1
+    # The notification is the next step of the cascade: one outbox entry, not yet sent.
+    (key,) = keys
+    (entry,) = h.store.get(key)["outbox"]
+    assert entry["idempotency_key"] == child_key(key, "PARTNER_NOTIFY", 0)
+    assert (entry["event_type"], entry["event_direction"], entry["status"]) == \
+        ("PARTNER_NOTIFY", "OUT", "PENDING")
+    assert entry["entity_data"] == {"kind": "order-status", "payload": {
+        "orderId": 59734, "status": "OR_CNF", "asOf": order["asOf"]}}
+    assert (entry["parent_key"], entry["root_key"]) == (key, key)
+    assert db.partner_notifications.count_documents({}) == 0
 
 
 def test_v1_order_is_upcast_before_the_handler(make_harness: Make) -> None:

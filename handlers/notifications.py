@@ -1,0 +1,79 @@
+"""Partner notifications: a two-step cascade that tells the partner, then records it.
+
+A domain handler calls ``notify_partner(context, kind, payload)``, which emits
+``PARTNER_NOTIFY`` (an OUT event). Then:
+
+1. ``PARTNER_NOTIFY`` calls the partner endpoint (``EVENTBUS_PARTNER_URL``)
+   through ``eventbus.delivery``, which makes the call once per event key,
+   and emits ``PARTNER_NOTIFY_SENT``;
+2. ``PARTNER_NOTIFY_SENT`` records the notification in
+   ``partner_notifications``, once.
+
+Each step is its own event, so a partner that is down retries only the call,
+and the store shows how far each notification went (``python -m eventbus trace``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+from pymongo.errors import DuplicateKeyError
+
+from eventbus import router
+from eventbus.context import Context
+from eventbus.delivery import PartnerClient
+from handlers.common import require
+
+NOTIFY = "PARTNER_NOTIFY"
+SENT = "PARTNER_NOTIFY_SENT"
+NOTIFICATIONS = "partner_notifications"
+
+
+def notify_partner(context: Context, kind: str, payload: Mapping[str, Any]) -> str:
+    """Emit the event that tells the partner about ``kind``; return its key."""
+    return context.emit(NOTIFY, {"kind": kind, "payload": dict(payload)}, direction="OUT")
+
+
+@router.handler(NOTIFY)
+def on_partner_notify(context: Context) -> None:
+    """Call the partner once for this event, then emit that it was sent."""
+    kind = require(context.event.entity_data, "kind", str)
+    payload = require(context.event.entity_data, "payload", dict)
+    meta = context.event.entity_metadata
+    body = {"kind": kind, "partnerId": meta.partner_id, "entity_id": meta.entity_id,
+            "entity_type": meta.entity_type, "payload": payload, "idempotencyKey": context.key}
+    delivered = partner_client(context).deliver(context.key, partner_url(context), body)
+    context.emit(SENT, {"kind": kind, "payload": payload, "notification": context.key,
+                        "statusCode": delivered.status_code}, direction="OUT")
+
+
+@router.handler(SENT)
+def on_partner_notify_sent(context: Context) -> None:
+    """Record the sent notification once, under the key of the call that sent it."""
+    data = context.event.entity_data
+    meta = context.event.entity_metadata
+    document = {"_id": require(data, "notification", str), "kind": require(data, "kind", str),
+                "partnerId": meta.partner_id, "partnerName": meta.partner_name,
+                "entity_id": meta.entity_id, "payload": data.get("payload", {}),
+                "status": "SENT", "statusCode": data.get("statusCode"),
+                "recorded": context.now(), "recordedBy": context.key}
+    try:
+        context.db[NOTIFICATIONS].insert_one(document)
+    except DuplicateKeyError:
+        context.log.info("notification %s already recorded", document["_id"])
+
+
+def partner_client(context: Context) -> PartnerClient:
+    """Return a partner client on the handler's database, clock and settings."""
+    settings = context.settings
+    return PartnerClient(context.db, timeout=settings.partner_timeout_seconds,
+                         lease=timedelta(seconds=settings.lease_seconds), now=context.now)
+
+
+def partner_url(context: Context) -> str:
+    """Return the partner endpoint for this event's partner."""
+    partner = quote(context.event.entity_metadata.partner_id, safe="")
+    return context.settings.partner_url.format(partnerId=partner)

@@ -1,0 +1,202 @@
+"""The outbox relay against the real store: marking, retries, the budget and the sweeper.
+
+Time is fake: ``FakeTime`` is the clock, the monotonic clock and ``sleep``,
+so backoff and budgets are checked without waiting.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo.database import Database
+from pymongo.errors import OperationFailure
+
+from eventbus.context import Child
+from eventbus.event import EntityMetadata, Event
+from eventbus.keys import child_key
+from eventbus.relay import OUTBOX_INDEX, Backoff, Relay
+from eventbus.store import INDEXES, MongoEventStore
+from tests.fakes import CapturingPublisher
+
+META = EntityMetadata("p1", "order-1", "Order", "Partner One")
+
+
+class FakeTime:
+    """Wall clock, monotonic clock and sleep in one; sleeping moves both."""
+
+    def __init__(self) -> None:
+        self.moment = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+        self.ticks = 0.0
+        self.sleeps: list[float] = []
+
+    def now(self) -> dt.datetime:
+        return self.moment
+
+    def monotonic(self) -> float:
+        return self.ticks
+
+    def advance(self, seconds: float) -> None:
+        self.moment += dt.timedelta(seconds=seconds)
+        self.ticks += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.advance(seconds)
+
+
+@pytest.fixture()
+def store(mongo_db: Database) -> Iterator[MongoEventStore]:
+    events = MongoEventStore(mongo_db.partner_events, created_by="test",
+                             retention=dt.timedelta(days=1), lease=dt.timedelta(seconds=30))
+    events.ensure_indexes()
+    yield events
+
+
+def committed(store: MongoEventStore, time: FakeTime, parent: str = "parent",
+              children: int = 2, ordering_key: str = "") -> list[dict[str, Any]]:
+    """Store ``parent`` as SUCCESS with ``children`` PENDING outbox entries; return them."""
+    claim = store.claim(parent, {"event_type": "TEST"}, time.now())
+    outbox = [Child(child_key(parent, "CHILD", n),
+                    Event("CHILD", "v1", "OUT", META, {"n": n}), ordering_key)
+              .to_document(parent, "root", time.now()) for n in range(children)]
+    assert store.succeed(parent, claim.owner, time.now(), outbox)
+    return outbox
+
+
+def relay_for(store: MongoEventStore, publisher: CapturingPublisher, time: FakeTime,
+              **options: Any) -> Relay:
+    return Relay(store.collection, publisher, now=time.now, sleep=time.sleep,
+                 jitter=lambda: 0.5, monotonic=time.monotonic, **options)
+
+
+def test_pending_children_are_published_and_marked(store: MongoEventStore) -> None:
+    time, publisher = FakeTime(), CapturingPublisher()
+    outbox = committed(store, time, ordering_key="order-1")
+    report = relay_for(store, publisher, time).relay("parent", outbox)
+    assert (report.published, report.failed, report.deferred) == (2, 0, 0)
+    first = publisher.messages[0]
+    assert first.attributes == {"event_type": "CHILD", "event_version": "v1",
+                                "idempotency_key": "parent/0:CHILD", "parent_key": "parent",
+                                "root_key": "root"}
+    assert first.ordering_key == "order-1" and first.timeout is None
+    entries = store.get("parent")["outbox"]
+    assert [e["status"] for e in entries] == ["PUBLISHED", "PUBLISHED"]
+    assert [e["messageId"] for e in entries] == ["msg-1", "msg-2"]
+    assert entries[0]["published_at"] == time.now() and entries[0]["publish_attempts"] == 1
+
+
+def test_an_entry_already_published_is_neither_published_nor_marked_again(
+        store: MongoEventStore) -> None:
+    time, publisher = FakeTime(), CapturingPublisher()
+    outbox = committed(store, time)
+    relay = relay_for(store, publisher, time)
+    relay.relay("parent", outbox)
+    again = relay.relay("parent", store.get("parent")["outbox"])
+    assert again.published == 0 and len(publisher.messages) == 2
+    # A stale copy of the outbox (another relay's) publishes again, but never re-marks.
+    stale = relay.relay("parent", outbox)
+    assert stale.published == 2 and len(publisher.messages) == 4
+    assert [e["messageId"] for e in store.get("parent")["outbox"]] == ["msg-1", "msg-2"]
+
+
+def test_publishing_retries_at_once_then_with_exponential_jittered_backoff(
+        store: MongoEventStore) -> None:
+    time, publisher = FakeTime(), CapturingPublisher(failures=3)
+    outbox = committed(store, time, children=1)
+    report = relay_for(store, publisher, time,
+                       backoff=Backoff(tries=4, base=0.1, cap=2.0)).relay("parent", outbox)
+    assert report.published == 1 and publisher.tries == 4
+    assert time.sleeps == [0.0, 0.5 * 0.1, 0.5 * 0.2]
+    assert store.get("parent")["outbox"][0]["publish_attempts"] == 4
+
+
+def test_backoff_is_capped() -> None:
+    backoff = Backoff(tries=10, base=0.1, cap=0.3)
+    assert [backoff.delay(n, 1.0) for n in range(1, 6)] == [0.0, 0.1, 0.2, 0.3, 0.3]
+
+
+def test_an_entry_that_cannot_be_published_stays_pending_with_its_error(
+        store: MongoEventStore) -> None:
+    time, publisher = FakeTime(), CapturingPublisher(failures=100)
+    outbox = committed(store, time, children=1)
+    report = relay_for(store, publisher, time, backoff=Backoff(tries=3)).relay("parent", outbox)
+    assert (report.published, report.failed) == (0, 1)
+    (entry,) = store.get("parent")["outbox"]
+    assert entry["status"] == "PENDING" and entry["publish_attempts"] == 3
+    assert entry["last_error"]["type"] == "PublishError"
+    assert entry["last_attempt_at"] == time.now()
+
+
+def test_the_inline_budget_bounds_the_delay_and_leaves_the_rest_to_the_sweeper(
+        store: MongoEventStore) -> None:
+    time = FakeTime()
+    # Each publish takes 0.8 s; the budget is 2 s: two entries fit, the third waits.
+    publisher = CapturingPublisher(on_publish=lambda: time.advance(0.8))
+    outbox = committed(store, time, children=4)
+    report = relay_for(store, publisher, time, budget=2.0).relay("parent", outbox, budget=2.0)
+    assert (report.published, report.deferred) == (3, 1)
+    assert time.ticks <= 2.0 + 0.8  # at most one publish started inside the budget runs over
+    timeouts = [m.timeout for m in publisher.messages]
+    assert timeouts == pytest.approx([2.0, 1.2, 0.4])
+    statuses = [e["status"] for e in store.get("parent")["outbox"]]
+    assert statuses == ["PUBLISHED", "PUBLISHED", "PUBLISHED", "PENDING"]
+
+
+def test_no_retry_sleeps_past_the_budget(store: MongoEventStore) -> None:
+    time = FakeTime()
+    publisher = CapturingPublisher(failures=100, on_publish=lambda: time.advance(0.5))
+    outbox = committed(store, time, children=1)
+    relay = relay_for(store, publisher, time, backoff=Backoff(tries=10, base=1.0, cap=8.0))
+    report = relay.relay("parent", outbox, budget=2.0)
+    assert report.failed == 1 and time.ticks <= 2.0
+
+
+def test_the_hook_uses_the_configured_budget_and_never_raises(store: MongoEventStore) -> None:
+    time = FakeTime()
+    publisher = CapturingPublisher(on_publish=lambda: time.advance(1.5))
+    outbox = committed(store, time, children=3)
+    relay_for(store, publisher, time, budget=1.0)("parent", outbox)
+    assert len(publisher.messages) == 1
+    relay_for(store, publisher, time, budget=1.0)("no-such-parent", [{"status": "PENDING"}])
+
+
+def test_the_sweeper_publishes_what_a_crash_left_after_the_grace_period(
+        store: MongoEventStore) -> None:
+    time, publisher = FakeTime(), CapturingPublisher()
+    committed(store, time, parent="crashed")  # SUCCESS stored, then the process died
+    relay = relay_for(store, publisher, time)
+    grace = dt.timedelta(seconds=30)
+    assert relay.sweep(grace).published == 0  # too young: the inline relay may still run
+    time.advance(31)
+    committed(store, time, parent="young")
+    report = relay.sweep(grace)
+    assert report.published == 2
+    assert {m.attributes["parent_key"] for m in publisher.messages} == {"crashed"}
+    assert relay.sweep(grace).published == 0
+    assert [d["idempotency_key"] for d in relay.pending(dt.timedelta(0))] == ["young"]
+
+
+def test_the_sweep_query_is_pinned_to_the_outbox_status_index(store: MongoEventStore) -> None:
+    assert OUTBOX_INDEX in [index.document["name"] for index in INDEXES]
+    time = FakeTime()
+    committed(store, time)
+    relay = relay_for(store, CapturingPublisher(), time)
+    assert [d["idempotency_key"] for d in relay.pending(dt.timedelta(0))] == ["parent"]
+    store.collection.drop_index(OUTBOX_INDEX)
+    with pytest.raises(OperationFailure, match="hint"):
+        list(relay.pending(dt.timedelta(0)))
+
+
+def test_a_corrupted_entry_is_recorded_and_does_not_stop_the_sweep(store: MongoEventStore) -> None:
+    time, publisher = FakeTime(), CapturingPublisher()
+    committed(store, time, parent="broken", children=1)
+    store.collection.update_one({"idempotency_key": "broken"},
+                                {"$set": {"outbox.0.event_type": "not a type!"}})
+    committed(store, time, parent="fine", children=1)
+    report = relay_for(store, publisher, time).sweep(dt.timedelta(0))
+    assert (report.published, report.failed) == (1, 1) and publisher.tries == 1
+    (entry,) = store.get("broken")["outbox"]
+    assert entry["status"] == "PENDING" and entry["last_error"]["type"] == "InvalidEvent"
