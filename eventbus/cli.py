@@ -132,25 +132,42 @@ def _progress(done: int, total: int, published: int, err: TextIO) -> None:
 
 
 def watch(store: MongoEventStore, keys: Iterable[str], timeout: float, out: TextIO) -> bool:
-    """Show progress until every key is finished (or ``timeout``); True if all finished."""
-    wanted, started = set(keys), time.monotonic()
+    """Show progress until every event of the cascades from ``keys`` is finished.
+
+    Children count as soon as a parent's outbox names them, so the total
+    grows while the cascades unfold. Returns True if all finished in time.
+    """
+    roots, started = set(keys), time.monotonic()
     while True:
-        statuses = _statuses(store, wanted)
+        statuses = cascade_statuses(store, roots)
         done = sum(1 for status in statuses.values() if status in TERMINAL)
         counts = Counter(statuses.values())
-        bar = "#" * (30 * done // max(len(wanted), 1))
-        print(f"\r  [{bar:<30}] {done}/{len(wanted)} finished  {dict(sorted(counts.items()))}"
+        bar = "#" * (30 * done // max(len(statuses), 1))
+        print(f"\r  [{bar:<30}] {done}/{len(statuses)} finished  {dict(sorted(counts.items()))}"
               f"  {time.monotonic() - started:5.1f}s", end="", file=out, flush=True)
-        if done == len(wanted) or time.monotonic() - started > timeout:
+        if done == len(statuses) or time.monotonic() - started > timeout:
             print(file=out)
-            return done == len(wanted)
+            return done == len(statuses)
         time.sleep(0.5)
 
 
-def _statuses(store: MongoEventStore, keys: set[str]) -> dict[str, str]:
-    found = store.collection.find({"idempotency_key": {"$in": sorted(keys)}},
-                                  {"idempotency_key": 1, "event_status": 1, "retryable": 1})
-    return {doc["idempotency_key"]: _status(doc) for doc in found}
+def cascade_statuses(store: MongoEventStore, roots: set[str]) -> dict[str, str]:
+    """Return the status of every event from ``roots`` and their descendants."""
+    statuses = dict.fromkeys(roots, "NOT YET STORED")
+    for doc in store.collection.find(_cascade_query(roots), _SUMMARY):
+        statuses[doc["idempotency_key"]] = _status(doc)
+        for child in doc.get("outbox", []):
+            statuses.setdefault(child["idempotency_key"], "NOT YET STORED")
+    return statuses
+
+
+def _cascade_query(roots: Iterable[str]) -> dict[str, Any]:
+    ordered = sorted(roots)
+    return {"$or": [{"idempotency_key": {"$in": ordered}}, {"root_key": {"$in": ordered}}]}
+
+
+_SUMMARY = {"idempotency_key": 1, "event_type": 1, "event_status": 1, "retryable": 1,
+            "error": 1, "outbox.idempotency_key": 1}
 
 
 def _status(doc: Mapping[str, Any]) -> str:
@@ -161,9 +178,8 @@ def _status(doc: Mapping[str, Any]) -> str:
 
 def status_table(store: MongoEventStore, keys: Iterable[str] | None = None) -> str:
     """Return a text table: one row per event type, one column per status."""
-    query = {} if keys is None else {"idempotency_key": {"$in": sorted(set(keys))}}
-    docs = list(store.collection.find(query, {"event_type": 1, "event_status": 1,
-                                              "retryable": 1, "error": 1, "idempotency_key": 1}))
+    query = {} if keys is None else _cascade_query(set(keys))
+    docs = list(store.collection.find(query, _SUMMARY))
     rows = Counter((doc.get("event_type", "?"), _status(doc)) for doc in docs)
     columns = sorted({status for _, status in rows})
     lines = [_row(["event_type", *columns, "total"])]
@@ -199,13 +215,23 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """Publish the sample batch, show progress, then the table of statuses."""
     specs = load_specs(args.file)
+    if args.reset:
+        reset_database(MongoEventStore.from_settings(settings))
     print(f"publishing {len(specs)} sample messages to {settings.topic}")
     keys = publish_all(publisher(settings), specs, sys.stdout)
     store = MongoEventStore.from_settings(settings)
-    print(f"waiting for {len(set(keys))} distinct events to be processed")
+    print(f"waiting for {len(set(keys))} distinct events and the cascades they start")
     finished = watch(store, keys, args.timeout, sys.stdout)
     print(status_table(store, keys))
     return 0 if finished else 1
+
+
+def reset_database(store: MongoEventStore) -> None:
+    """Empty every collection of the store's database; indexes stay."""
+    database = store.database
+    for name in database.list_collection_names():
+        database[name].delete_many({})
+    print(f"emptied database {database.name!r}")
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -273,6 +299,8 @@ def parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="publish the sample batch and watch it")
     demo.add_argument("--file", default=str(SAMPLES))
     demo.add_argument("--timeout", type=float, default=120.0)
+    demo.add_argument("--reset", action="store_true",
+                      help="empty the database first (local demo databases only)")
     demo.set_defaults(run=cmd_demo)
     commands.add_parser("status", help="table of stored events").set_defaults(run=cmd_status)
     relay = commands.add_parser("relay", help="the outbox sweeper: publish pending children")
