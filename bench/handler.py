@@ -1,0 +1,467 @@
+"""Events per second through the real push service, against two baselines measured in the same run.
+
+    .venv/bin/python bench/handler.py [--duration 15] [--concurrency 16] [--runs 1]
+
+Rows (see bench/README.md):
+
+- ``bare Flask 204``: ``bench/bare_app.py`` under the same gunicorn command and
+  ``gunicorn.conf.py`` as the service, posted the same push bodies;
+- ``raw pymongo claim+complete``: per event, the claim's ``find_one_and_update``
+  upsert and the finishing ``update_one``, straight from pymongo, same concurrency;
+- ``handler new events``: ``main:app`` with the real store and a no-op handler
+  (``bench/noop_handlers.py``), every push a new event;
+- ``handler duplicates``: the same service, re-posting events it already processed.
+
+Load comes from ``--processes`` client processes, each running its share of
+``--concurrency`` threads; an HTTP thread keeps one connection alive. Only
+answers that complete inside the timed window, and that say what was expected
+(204; ``processed``; ``duplicate``; a new claim and a matched finish), count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import http.client
+import json
+import multiprocessing
+import os
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make the project importable
+    sys.path.insert(0, str(ROOT))
+
+from pymongo import MongoClient, ReturnDocument  # noqa: E402
+from pymongo.collection import Collection  # noqa: E402
+
+from bench.noop_handlers import EVENT_TYPE  # noqa: E402
+from eventbus import records  # noqa: E402
+from eventbus.store import INDEXES  # noqa: E402
+
+RAW_COLLECTION = "raw_baseline"
+DUPLICATE_POOL = 20  # events each duplicate-posting thread processes once, then re-posts
+LEASE = timedelta(seconds=60)
+RETENTION = timedelta(days=30)
+ROWS = ("bare", "raw", "new", "dup")
+ROW_NAMES = {
+    "bare": "bare Flask 204",
+    "raw": "raw pymongo claim+complete",
+    "new": "handler new events",
+    "dup": "handler duplicates",
+}
+
+
+# --- what a load phase does ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """One timed phase: the kind of work, its target, and how long and wide to run it."""
+
+    kind: str
+    """``bare``, ``new``, ``dup`` (HTTP) or ``raw`` (pymongo)."""
+    target: str
+    """The service's base URL, or the MongoDB URI for ``raw``."""
+    db: str
+    duration: float
+    warmup: float
+    threads: int
+    """Threads (connections) in each client process."""
+    run_id: str
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the threads of one phase saw inside the timed window."""
+
+    ok: int = 0
+    unexpected: int = 0
+    errors: int = 0
+    first_problem: str = ""
+
+    def add(self, other: Tally) -> None:
+        """Fold ``other`` into this tally."""
+        self.ok += other.ok
+        self.unexpected += other.unexpected
+        self.errors += other.errors
+        self.first_problem = self.first_problem or other.first_problem
+
+    def note(self, problem: str) -> None:
+        """Remember the first problem seen, for the report."""
+        self.first_problem = self.first_problem or problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The timed window, on the machine-wide monotonic clock."""
+
+    start: float
+    end: float
+
+    def counts(self, moment: float) -> bool:
+        """True when an answer completed at ``moment`` is inside the window."""
+        return self.start <= moment <= self.end
+
+
+# --- push bodies ----------------------------------------------------------------
+
+
+def event_document(tag: str) -> dict[str, Any]:
+    """A valid ``BENCH_NOOP`` event whose entity id is ``tag``."""
+    return {
+        "event_type": EVENT_TYPE,
+        "event_version": "v1",
+        "event_direction": "IN",
+        "entity_metadata": {"partnerId": "bench", "partnerName": "Bench",
+                            "entity_id": tag, "entity_type": "Bench"},
+        "entity_data": {"tag": tag},
+    }  # fmt: skip
+
+
+def push_body(tag: str) -> bytes:
+    """The wrapped push body the emulator would send for the event ``tag``."""
+    data = base64.b64encode(json.dumps(event_document(tag)).encode()).decode()
+    attributes = {"event_type": EVENT_TYPE, "event_version": "v1", "idempotency_key": tag}
+    message = {"data": data, "messageId": tag, "publishTime": "2026-11-22T10:00:00.000Z",
+               "attributes": attributes}  # fmt: skip
+    return json.dumps(
+        {"message": message, "subscription": "projects/local-project/subscriptions/bench"}
+    ).encode()
+
+
+def expected_answer(kind: str) -> Callable[[int, bytes], bool]:
+    """The check an answer must pass to count for ``kind``."""
+    if kind == "bare":
+        return lambda status, _: status == 204
+    word = b'"processed"' if kind == "new" else b'"duplicate"'
+    return lambda status, body: status == 200 and word in body
+
+
+# --- HTTP load ------------------------------------------------------------------
+
+
+def post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
+    """POST one push body on a kept-alive connection; the status and body."""
+    conn.request("POST", "/", body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def bodies_for(load: Load, thread: str) -> Iterator[bytes]:
+    """Endless push bodies: new events, or this thread's processed pool again and again."""
+    if load.kind == "dup":
+        pool = [push_body(f"{load.run_id}-dup-{thread}-{i}") for i in range(DUPLICATE_POOL)]
+        while True:
+            yield from pool
+    counter = 0
+    while True:
+        counter += 1
+        yield push_body(f"{load.run_id}-{load.kind}-{thread}-{counter}")
+
+
+def process_pool_once(conn: http.client.HTTPConnection, load: Load, thread: str) -> None:
+    """Before timing duplicates: get this thread's pool processed (retrying 503s)."""
+    for i in range(DUPLICATE_POOL):
+        body = push_body(f"{load.run_id}-dup-{thread}-{i}")
+        for _ in range(50):
+            status, _ = post(conn, body)
+            if status == 200:
+                break
+            time.sleep(0.05)
+
+
+def http_thread(load: Load, thread: str, window: Window, gate: threading.Barrier) -> Tally:
+    """Post bodies on one connection until the window ends; count what completes inside it."""
+    host, port = load.target.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    tally, check = Tally(), expected_answer(load.kind)
+    if load.kind == "dup":
+        process_pool_once(conn, load, thread)
+    gate.wait()
+    for body in bodies_for(load, thread):
+        if time.monotonic() >= window.end:
+            break
+        try:
+            status, answer = post(conn, body)
+        except (OSError, http.client.HTTPException) as exc:
+            tally.errors += 1
+            tally.note(f"{type(exc).__name__}: {exc}")
+            conn.close()
+            continue
+        if window.counts(time.monotonic()):
+            good = check(status, answer)
+            tally.ok += good
+            tally.unexpected += not good
+            if not good:
+                tally.note(f"{status} {answer[:200]!r}")
+    conn.close()
+    return tally
+
+
+# --- raw pymongo load -------------------------------------------------------------
+
+
+def raw_claim_and_complete(collection: Collection, tag: str) -> bool:
+    """The store's two round trips for a new event, sent straight from pymongo."""
+    now, owner = datetime.now(UTC), uuid.uuid4().hex
+    fields = {**event_document(tag), "pubsub": {"messageId": tag, "form": "wrapped"}}
+    claim = records.claim_pipeline(fields, now, owner=owner, lease=LEASE, created_by="bench",
+                                   retention=RETENTION)  # fmt: skip
+    before = collection.find_one_and_update(records.key_filter(tag), claim, upsert=True,
+                                            return_document=ReturnDocument.BEFORE)  # fmt: skip
+    done = collection.update_one(records.owner_filter(tag, owner), records.succeed_update(now))
+    return before is None and done.matched_count == 1
+
+
+def raw_thread(collection: Collection, load: Load, thread: str, window: Window,
+               gate: threading.Barrier) -> Tally:  # fmt: skip
+    """Claim and complete new events until the window ends; count what completes inside it."""
+    tally, counter = Tally(), 0
+    gate.wait()
+    while time.monotonic() < window.end:
+        counter += 1
+        try:
+            good = raw_claim_and_complete(collection, f"{load.run_id}-raw-{thread}-{counter}")
+        except Exception as exc:  # counted and reported, never hidden
+            tally.errors += 1
+            tally.note(f"{type(exc).__name__}: {exc}")
+            continue
+        if window.counts(time.monotonic()):
+            tally.ok += good
+            tally.unexpected += not good
+    return tally
+
+
+def mongo_client(uri: str) -> MongoClient:
+    """A client configured like the service's store client (minus its command listener)."""
+    return MongoClient(uri, tz_aware=True, appname="bench", serverSelectionTimeoutMS=5000,
+                       connectTimeoutMS=5000, socketTimeoutMS=5000)  # fmt: skip
+
+
+# --- client processes -------------------------------------------------------------
+
+
+def client_process(load: Load, index: int, ready: Any, results: Any) -> None:
+    """One client process: its threads wait together, then run the timed window."""
+    client = mongo_client(load.target) if load.kind == "raw" else None
+    gate = threading.Barrier(load.threads + 1)
+    ready.wait()  # every process is up: the window opens at the same time for all
+    start = time.monotonic() + load.warmup
+    window = Window(start, start + load.duration)
+    tallies: list[Tally] = []
+
+    def work(n: int) -> None:
+        thread = f"{index}.{n}"
+        if client is not None:
+            tallies.append(raw_thread(client[load.db][RAW_COLLECTION], load, thread, window, gate))
+        else:
+            tallies.append(http_thread(load, thread, window, gate))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(load.threads)]
+    for thread in threads:
+        thread.start()
+    gate.wait()
+    for thread in threads:
+        thread.join()
+    total = Tally()
+    for tally in tallies:
+        total.add(tally)
+    results.put(dataclasses.asdict(total))
+    if client is not None:
+        client.close()
+
+
+def run_load(load: Load, processes: int) -> Tally:
+    """Run ``load`` in ``processes`` client processes; their tallies added up."""
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=client_process, args=(load, i, ready, results))
+               for i in range(processes)]  # fmt: skip
+    for worker in workers:
+        worker.start()
+    try:
+        return collect(results, workers, deadline=time.monotonic() + load.warmup
+                       + load.duration + 120)  # fmt: skip
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+
+def collect(results: Any, workers: Sequence[Any], deadline: float) -> Tally:
+    """Add up one tally per worker; fail fast when a worker died without sending one."""
+    total, received = Tally(), 0
+    while received < len(workers):
+        try:
+            total.add(Tally(**results.get(timeout=1)))
+            received += 1
+            continue
+        except queue.Empty:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("client processes did not report in time")
+        if sum(worker.exitcode is not None for worker in workers) > received and results.empty():
+            time.sleep(1)  # a worker that just exited may still be flushing its result
+            if results.empty():
+                codes = [worker.exitcode for worker in workers]
+                raise RuntimeError(f"a client process died without a result: exit codes {codes}")
+    return total
+
+
+# --- services, database, the table -----------------------------------------------
+
+
+def mongodb_uri() -> str:
+    """``MONGODB_URI`` if set, else the local server (started if needed)."""
+    if os.environ.get("MONGODB_URI"):
+        return os.environ["MONGODB_URI"]
+    from infra.localdb import manager
+
+    return manager.ensure_started()
+
+
+@contextlib.contextmanager
+def services(uri: str, db: str, logs: Path, app: str) -> Iterator[tuple[str, str]]:
+    """Start the bare Flask app and the service ``app`` under the same gunicorn; yield URLs."""
+    from tests.e2e.harness import ServiceProcess
+
+    env = {"MONGODB_URI": uri, "MONGODB_DB": db, "EVENTBUS_HANDLER_MODULES": "bench.noop_handlers",
+           "EVENTBUS_RELAY_INLINE": "false"}  # fmt: skip
+    bare = ServiceProcess(logs / "bare.log", app="bench.bare_app:app")
+    handler = ServiceProcess(logs / "handler.log", app=app, env=env)
+    try:
+        yield bare.start(), handler.start()
+    finally:
+        handler.stop()
+        bare.stop()
+
+
+def prepare_raw_collection(uri: str, db: str) -> None:
+    """Give the raw baseline's collection the same indexes as ``partner_events``."""
+    with contextlib.closing(mongo_client(uri)) as client:
+        client[db][RAW_COLLECTION].create_indexes(list(INDEXES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The command line."""
+
+    duration: float
+    warmup: float
+    concurrency: int
+    processes: int
+    runs: int
+    app: str
+
+
+def measure_all(options: Options, urls: tuple[str, str], uri: str, db: str,
+                run: int) -> dict[str, tuple[float, Tally]]:  # fmt: skip
+    """One run: every row, in order; ops/s and tally of each."""
+    bare_url, handler_url = urls
+    targets = {"bare": bare_url, "raw": uri, "new": handler_url, "dup": handler_url}
+    threads = max(1, options.concurrency // options.processes)
+    results = {}
+    for kind in ROWS:
+        load = Load(kind, targets[kind], db, options.duration, options.warmup, threads,
+                    run_id=f"r{run}-{uuid.uuid4().hex[:6]}")  # fmt: skip
+        tally = run_load(load, options.processes)
+        results[kind] = (tally.ok / options.duration, tally)
+    return results
+
+
+def ratios(rates: dict[str, float]) -> dict[str, float]:
+    """Each row's rate divided by the slower of the two baselines."""
+    slower = min(rates["bare"], rates["raw"])
+    return {kind: (rate / slower if slower else 0.0) for kind, rate in rates.items()}
+
+
+def print_run(run: int, results: dict[str, tuple[float, Tally]]) -> None:
+    """Print one run's table, with unexpected answers and errors."""
+    rates = {kind: rate for kind, (rate, _) in results.items()}
+    print(f"\nrun {run + 1}")
+    print(f"{'row':<30}{'ops/s':>10}{'vs slower baseline':>20}{'unexpected':>12}{'errors':>8}")
+    for kind, ratio in ratios(rates).items():
+        tally = results[kind][1]
+        print(f"{ROW_NAMES[kind]:<30}{rates[kind]:>10.1f}{ratio:>20.2f}"
+              f"{tally.unexpected:>12}{tally.errors:>8}")  # fmt: skip
+        if tally.first_problem:
+            print(f"    first problem: {tally.first_problem}")
+    sys.stdout.flush()
+
+
+def print_median(runs: Sequence[dict[str, tuple[float, Tally]]]) -> None:
+    """Print the median ops/s and the median ratio of each row over the runs."""
+    per_run = [{kind: rate for kind, (rate, _) in run.items()} for run in runs]
+    print(f"\nmedian of {len(runs)} runs")
+    print(f"{'row':<30}{'ops/s':>10}{'vs slower baseline':>20}")
+    for kind in ROWS:
+        rate = statistics.median(rates[kind] for rates in per_run)
+        ratio = statistics.median(ratios(rates)[kind] for rates in per_run)
+        print(f"{ROW_NAMES[kind]:<30}{rate:>10.1f}{ratio:>20.2f}")
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    """Read the command line into ``Options``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=15.0, help="timed seconds per row")
+    parser.add_argument("--warmup", type=float, default=2.0, help="untimed seconds before each")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="connections (or pymongo threads) in all")  # fmt: skip
+    parser.add_argument("--processes", type=int, default=2, help="client processes")
+    parser.add_argument("--runs", type=int, default=1, help="repeat; >1 adds a median table")
+    parser.add_argument(
+        "--app",
+        default="main:app",
+        help="WSGI app of the handler rows, to compare a variant of the service",
+    )
+    args = parser.parse_args(argv)
+    return Options(
+        args.duration, args.warmup, args.concurrency, args.processes, args.runs, args.app
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print the tables."""
+    options = parse_args(argv)
+    uri, db = mongodb_uri(), f"bench_{uuid.uuid4().hex[:8]}"
+    from infra.localdb.manager import redact
+
+    print(
+        f"bench/handler.py: {options.duration:g} s per row after {options.warmup:g} s warm-up; "
+        f"{options.concurrency} connections over {options.processes} client processes; "
+        f"gunicorn.conf.py for both services; handler app {options.app}; "
+        f"MongoDB {redact(uri)}, database {db}"
+    )
+    runs = []
+    try:
+        prepare_raw_collection(uri, db)
+        with tempfile.TemporaryDirectory(prefix="bench-handler-") as logs, \
+                services(uri, db, Path(logs), options.app) as urls:  # fmt: skip
+            for run in range(options.runs):
+                runs.append(measure_all(options, urls, uri, db, run))
+                print_run(run, runs[-1])
+    finally:
+        with contextlib.closing(mongo_client(uri)) as client:
+            client.drop_database(db)
+    if len(runs) > 1:
+        print_median(runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""A bench-only handler module: ``BENCH_NOOP`` does nothing, so only the framework is timed.
+
+Load it with ``EVENTBUS_HANDLER_MODULES=bench.noop_handlers``.
+"""
+
+from __future__ import annotations
+
+from eventbus import router
+from eventbus.context import Context
+
+EVENT_TYPE = "BENCH_NOOP"
+
+
+@router.handler(EVENT_TYPE)
+def noop(context: Context) -> None:
+    """Return at once: the event is stored SUCCESS and acked."""
