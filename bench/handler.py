@@ -1,6 +1,6 @@
 """Events per second through the real push service, against two baselines measured in the same run.
 
-    .venv/bin/python bench/handler.py [--duration 15] [--concurrency 16] [--runs 1]
+    .venv/bin/python bench/handler.py [--duration 15] [--slices 3] [--concurrency 16] [--runs 1]
 
 Rows (see bench/README.md):
 
@@ -10,12 +10,17 @@ Rows (see bench/README.md):
   upsert and the finishing ``update_one``, straight from pymongo, same concurrency;
 - ``handler new events``: ``main:app`` with the real store and a no-op handler
   (``bench/noop_handlers.py``), every push a new event;
-- ``handler duplicates``: the same service, re-posting events it already processed.
+- ``handler duplicates``: the same service, re-posting events it already processed;
+- ``minimal Flask claim+complete`` (reference): ``bench/minimal_app.py``, the thinnest
+  Flask service doing the raw baseline's two round trips per push; what any
+  Flask + pymongo service can reach here, so new events over it is the framework's cost.
 
 Load comes from ``--processes`` client processes, each running its share of
 ``--concurrency`` threads; an HTTP thread keeps one connection alive. Only
 answers that complete inside the timed window, and that say what was expected
 (204; ``processed``; ``duplicate``; a new claim and a matched finish), count.
+Each row's ``--duration`` is cut into ``--slices`` slices taken round-robin
+across the rows, so background load on the machine weighs on all rows alike.
 """
 
 from __future__ import annotations
@@ -53,14 +58,16 @@ from eventbus.store import INDEXES  # noqa: E402
 
 RAW_COLLECTION = "raw_baseline"
 DUPLICATE_POOL = 20  # events each duplicate-posting thread processes once, then re-posts
+PREPARE_TIMEOUT = 120.0  # seconds a client may take to get ready before the run fails
 LEASE = timedelta(seconds=60)
 RETENTION = timedelta(days=30)
-ROWS = ("bare", "raw", "new", "dup")
+ROWS = ("bare", "raw", "new", "dup", "minimal")
 ROW_NAMES = {
     "bare": "bare Flask 204",
     "raw": "raw pymongo claim+complete",
     "new": "handler new events",
     "dup": "handler duplicates",
+    "minimal": "minimal Flask claim+complete",
 }
 
 
@@ -81,6 +88,9 @@ class Load:
     threads: int
     """Threads (connections) in each client process."""
     run_id: str
+    """Prefix of every key this row sends in one run (duplicates reuse their pool)."""
+    piece: int = 0
+    """Which slice of the row this is; new keys are unique per slice."""
 
 
 @dataclasses.dataclass
@@ -146,7 +156,7 @@ def expected_answer(kind: str) -> Callable[[int, bytes], bool]:
     """The check an answer must pass to count for ``kind``."""
     if kind == "bare":
         return lambda status, _: status == 204
-    word = b'"processed"' if kind == "new" else b'"duplicate"'
+    word = b'"duplicate"' if kind == "dup" else b'"processed"'
     return lambda status, body: status == 200 and word in body
 
 
@@ -169,7 +179,7 @@ def bodies_for(load: Load, thread: str) -> Iterator[bytes]:
     counter = 0
     while True:
         counter += 1
-        yield push_body(f"{load.run_id}-{load.kind}-{thread}-{counter}")
+        yield push_body(f"{load.run_id}-{load.piece}-{load.kind}-{thread}-{counter}")
 
 
 def process_pool_once(conn: http.client.HTTPConnection, load: Load, thread: str) -> None:
@@ -183,14 +193,18 @@ def process_pool_once(conn: http.client.HTTPConnection, load: Load, thread: str)
             time.sleep(0.05)
 
 
-def http_thread(load: Load, thread: str, window: Window, gate: threading.Barrier) -> Tally:
+def http_thread(load: Load, thread: str, start: Start) -> Tally:
     """Post bodies on one connection until the window ends; count what completes inside it."""
     host, port = load.target.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     tally, check = Tally(), expected_answer(load.kind)
     if load.kind == "dup":
-        process_pool_once(conn, load, thread)
-    gate.wait()
+        try:
+            process_pool_once(conn, load, thread)
+        except (OSError, http.client.HTTPException) as exc:
+            tally.errors += 1
+            tally.note(f"preparing duplicates: {type(exc).__name__}: {exc}")
+    window = start.wait()
     for body in bodies_for(load, thread):
         if time.monotonic() >= window.end:
             break
@@ -226,15 +240,15 @@ def raw_claim_and_complete(collection: Collection, tag: str) -> bool:
     return before is None and done.matched_count == 1
 
 
-def raw_thread(collection: Collection, load: Load, thread: str, window: Window,
-               gate: threading.Barrier) -> Tally:  # fmt: skip
+def raw_thread(collection: Collection, load: Load, thread: str, start: Start) -> Tally:
     """Claim and complete new events until the window ends; count what completes inside it."""
     tally, counter = Tally(), 0
-    gate.wait()
+    window = start.wait()
     while time.monotonic() < window.end:
         counter += 1
         try:
-            good = raw_claim_and_complete(collection, f"{load.run_id}-raw-{thread}-{counter}")
+            tag = f"{load.run_id}-{load.piece}-raw-{thread}-{counter}"
+            good = raw_claim_and_complete(collection, tag)
         except Exception as exc:  # counted and reported, never hidden
             tally.errors += 1
             tally.note(f"{type(exc).__name__}: {exc}")
@@ -254,26 +268,48 @@ def mongo_client(uri: str) -> MongoClient:
 # --- client processes -------------------------------------------------------------
 
 
-def client_process(load: Load, index: int, ready: Any, results: Any) -> None:
-    """One client process: its threads wait together, then run the timed window."""
+class Start:
+    """Holds a process's threads until all are ready, then hands each the timed window."""
+
+    def __init__(self, threads: int) -> None:
+        self._ready = threading.Barrier(threads + 1, timeout=PREPARE_TIMEOUT)
+        self._go = threading.Event()
+        self._window: Window | None = None
+
+    def wait(self) -> Window:
+        """Called by a thread once it is prepared: block until the window is set."""
+        self._ready.wait()
+        self._go.wait(timeout=PREPARE_TIMEOUT)
+        if self._window is None:
+            raise RuntimeError("the timed window never opened")
+        return self._window
+
+    def open(self, everyone: Any, warmup: float, duration: float) -> None:
+        """Called by the process: wait for its threads and for every other process, then go."""
+        self._ready.wait()
+        everyone.wait(timeout=PREPARE_TIMEOUT)  # every process is prepared: open together
+        start = time.monotonic() + warmup
+        self._window = Window(start, start + duration)
+        self._go.set()
+
+
+def client_process(load: Load, index: int, everyone: Any, results: Any) -> None:
+    """One client process: its threads prepare, wait together, then run the timed window."""
     client = mongo_client(load.target) if load.kind == "raw" else None
-    gate = threading.Barrier(load.threads + 1)
-    ready.wait()  # every process is up: the window opens at the same time for all
-    start = time.monotonic() + load.warmup
-    window = Window(start, start + load.duration)
+    start = Start(load.threads)
     tallies: list[Tally] = []
 
     def work(n: int) -> None:
         thread = f"{index}.{n}"
         if client is not None:
-            tallies.append(raw_thread(client[load.db][RAW_COLLECTION], load, thread, window, gate))
+            tallies.append(raw_thread(client[load.db][RAW_COLLECTION], load, thread, start))
         else:
-            tallies.append(http_thread(load, thread, window, gate))
+            tallies.append(http_thread(load, thread, start))
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(load.threads)]
     for thread in threads:
         thread.start()
-    gate.wait()
+    start.open(everyone, load.warmup, load.duration)
     for thread in threads:
         thread.join()
     total = Tally()
@@ -287,14 +323,14 @@ def client_process(load: Load, index: int, ready: Any, results: Any) -> None:
 def run_load(load: Load, processes: int) -> Tally:
     """Run ``load`` in ``processes`` client processes; their tallies added up."""
     context = multiprocessing.get_context("spawn")
-    ready, results = context.Barrier(processes), context.Queue()
-    workers = [context.Process(target=client_process, args=(load, i, ready, results))
+    everyone, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=client_process, args=(load, i, everyone, results))
                for i in range(processes)]  # fmt: skip
     for worker in workers:
         worker.start()
     try:
-        return collect(results, workers, deadline=time.monotonic() + load.warmup
-                       + load.duration + 120)  # fmt: skip
+        deadline = time.monotonic() + PREPARE_TIMEOUT + load.warmup + load.duration + 60
+        return collect(results, workers, deadline)
     finally:
         for worker in workers:
             worker.join(timeout=30)
@@ -336,19 +372,23 @@ def mongodb_uri() -> str:
 
 
 @contextlib.contextmanager
-def services(uri: str, db: str, logs: Path, app: str) -> Iterator[tuple[str, str]]:
-    """Start the bare Flask app and the service ``app`` under the same gunicorn; yield URLs."""
+def services(uri: str, db: str, logs: Path, app: str) -> Iterator[dict[str, str]]:
+    """Start the three apps under the same gunicorn; yield the URL of each row's target."""
     from tests.e2e.harness import ServiceProcess
 
     env = {"MONGODB_URI": uri, "MONGODB_DB": db, "EVENTBUS_HANDLER_MODULES": "bench.noop_handlers",
            "EVENTBUS_RELAY_INLINE": "false"}  # fmt: skip
-    bare = ServiceProcess(logs / "bare.log", app="bench.bare_app:app")
-    handler = ServiceProcess(logs / "handler.log", app=app, env=env)
+    apps = {"bare": "bench.bare_app:app", "handler": app, "minimal": "bench.minimal_app:app"}
+    started: list[ServiceProcess] = []
     try:
-        yield bare.start(), handler.start()
+        for name, target in apps.items():
+            started.append(ServiceProcess(logs / f"{name}.log", app=target, env=env))
+            started[-1].start()
+        bare, handler, minimal = (service.url for service in started)
+        yield {"bare": bare, "raw": uri, "new": handler, "dup": handler, "minimal": minimal}
     finally:
-        handler.stop()
-        bare.stop()
+        for service in reversed(started):
+            service.stop()
 
 
 def prepare_raw_collection(uri: str, db: str) -> None:
@@ -366,22 +406,28 @@ class Options:
     concurrency: int
     processes: int
     runs: int
+    slices: int
     app: str
 
 
-def measure_all(options: Options, urls: tuple[str, str], uri: str, db: str,
+def measure_all(options: Options, targets: dict[str, str], db: str,
                 run: int) -> dict[str, tuple[float, Tally]]:  # fmt: skip
-    """One run: every row, in order; ops/s and tally of each."""
-    bare_url, handler_url = urls
-    targets = {"bare": bare_url, "raw": uri, "new": handler_url, "dup": handler_url}
+    """One run: every row, in round-robin slices; ops/s and tally of each.
+
+    Each row's time is cut into ``options.slices`` slices taken in turn
+    (bare, raw, new, dup, bare, ...), so a burst of other work on the
+    machine, or the collection growing, weighs on every row alike.
+    """
     threads = max(1, options.concurrency // options.processes)
-    results = {}
-    for kind in ROWS:
-        load = Load(kind, targets[kind], db, options.duration, options.warmup, threads,
-                    run_id=f"r{run}-{uuid.uuid4().hex[:6]}")  # fmt: skip
-        tally = run_load(load, options.processes)
-        results[kind] = (tally.ok / options.duration, tally)
-    return results
+    seconds = options.duration / options.slices
+    run_ids = {kind: f"r{run}-{uuid.uuid4().hex[:6]}" for kind in ROWS}
+    tallies = {kind: Tally() for kind in ROWS}
+    for piece in range(options.slices):
+        for kind in ROWS:
+            load = Load(kind, targets[kind], db, seconds, options.warmup, threads,
+                        run_id=run_ids[kind], piece=piece)  # fmt: skip
+            tallies[kind].add(run_load(load, options.processes))
+    return {kind: (tally.ok / options.duration, tally) for kind, tally in tallies.items()}
 
 
 def ratios(rates: dict[str, float]) -> dict[str, float]:
@@ -401,7 +447,19 @@ def print_run(run: int, results: dict[str, tuple[float, Tally]]) -> None:
               f"{tally.unexpected:>12}{tally.errors:>8}")  # fmt: skip
         if tally.first_problem:
             print(f"    first problem: {tally.first_problem}")
+    print(gap_split(rates))
     sys.stdout.flush()
+
+
+def gap_split(rates: dict[str, float]) -> str:
+    """One line splitting the gap to raw pymongo into the framework's part and HTTP's part."""
+    if not rates["raw"] or not rates["minimal"]:
+        return "(a reference row measured nothing: no split of the gap)"
+    return (
+        f"handler new / minimal Flask = {rates['new'] / rates['minimal']:.2f} (the framework); "
+        f"minimal Flask / raw pymongo = {rates['minimal'] / rates['raw']:.2f} "
+        "(gunicorn + Flask + HTTP on this machine)"
+    )
 
 
 def print_median(runs: Sequence[dict[str, tuple[float, Tally]]]) -> None:
@@ -413,13 +471,17 @@ def print_median(runs: Sequence[dict[str, tuple[float, Tally]]]) -> None:
         rate = statistics.median(rates[kind] for rates in per_run)
         ratio = statistics.median(ratios(rates)[kind] for rates in per_run)
         print(f"{ROW_NAMES[kind]:<30}{rate:>10.1f}{ratio:>20.2f}")
+    medians = {kind: statistics.median(rates[kind] for rates in per_run) for kind in ROWS}
+    print(gap_split(medians))
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
     """Read the command line into ``Options``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=15.0, help="timed seconds per row")
-    parser.add_argument("--warmup", type=float, default=2.0, help="untimed seconds before each")
+    parser.add_argument("--warmup", type=float, default=1.0, help="untimed seconds per slice")
+    parser.add_argument("--slices", type=int, default=3,
+                        help="slices per row, taken round-robin across the rows")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=16,
                         help="connections (or pymongo threads) in all")  # fmt: skip
     parser.add_argument("--processes", type=int, default=2, help="client processes")
@@ -430,9 +492,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         help="WSGI app of the handler rows, to compare a variant of the service",
     )
     args = parser.parse_args(argv)
-    return Options(
-        args.duration, args.warmup, args.concurrency, args.processes, args.runs, args.app
-    )
+    return Options(args.duration, args.warmup, args.concurrency, args.processes, args.runs,
+                   max(1, args.slices), args.app)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -442,18 +503,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from infra.localdb.manager import redact
 
     print(
-        f"bench/handler.py: {options.duration:g} s per row after {options.warmup:g} s warm-up; "
+        f"bench/handler.py: {options.duration:g} s per row in {options.slices} slices, "
+        f"each after {options.warmup:g} s warm-up; "
         f"{options.concurrency} connections over {options.processes} client processes; "
-        f"gunicorn.conf.py for both services; handler app {options.app}; "
+        f"gunicorn.conf.py for every service; handler app {options.app}; "
         f"MongoDB {redact(uri)}, database {db}"
     )
     runs = []
     try:
         prepare_raw_collection(uri, db)
         with tempfile.TemporaryDirectory(prefix="bench-handler-") as logs, \
-                services(uri, db, Path(logs), options.app) as urls:  # fmt: skip
+                services(uri, db, Path(logs), options.app) as targets:  # fmt: skip
             for run in range(options.runs):
-                runs.append(measure_all(options, urls, uri, db, run))
+                runs.append(measure_all(options, targets, db, run))
                 print_run(run, runs[-1])
     finally:
         with contextlib.closing(mongo_client(uri)) as client:

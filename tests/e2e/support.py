@@ -119,11 +119,6 @@ def request_lines(service: ServiceProcess, key: str | None = None) -> list[dict[
     return [e for e in lines if key is None or e.get("idempotency_key") == key]
 
 
-def outcomes(service: ServiceProcess, key: str) -> list[str]:
-    """The outcomes the service logged for ``key``, oldest first."""
-    return [str(line.get("outcome")) for line in request_lines(service, key)]
-
-
 def wait_for_outcome(
     service: ServiceProcess, key: str, outcome: str, timeout: float = 10.0
 ) -> list[dict[str, Any]]:
@@ -178,7 +173,10 @@ def mongo_address(uri: str) -> tuple[str, int]:
 
 
 def proxied_uri(uri: str, port: int) -> str:
-    """``uri`` pointed at ``127.0.0.1:port`` with ``directConnection=true``."""
+    """``uri`` pointed at ``127.0.0.1:port`` with ``directConnection=true``.
+
+    Only the first host is proxied: for a replica set, list its primary first.
+    """
     match = _URI.fullmatch(uri)
     if match is None:
         unavailable(f"cannot put a TCP proxy in front of {uri.split('@')[-1]!r}")

@@ -113,13 +113,13 @@ def test_permanent_failure_is_stored_acked_and_not_redelivered(
     record = support.wait_for_status(db, name, "FAILED", timeout=30)
     assert record["retryable"] is False
     assert record["error"]["classification"] == "permanent"
-    assert record["error"]["type"] == "PermanentError"
+    assert record["error"]["type"] == "PermanentError" and record["attempts"] == 1
     # A nacked push comes back about 1 s later (min_backoff=1); give it three.
     time.sleep(3)
     assert support.effect_runs(db, name) == 1
     lines = support.request_lines(svc, name)
     assert [(line["status"], line["outcome"]) for line in lines] == [(200, "rejected")]
-    assert support.record_of(db, name)["attempts"] == 1  # type: ignore[index]
+    assert support.record_of(db, name) == record  # unchanged: no attempt after the first
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["content-hash-key", "idempotency_key"])
