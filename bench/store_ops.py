@@ -9,10 +9,13 @@ BSON encoding/decoding a client needs). The table shows the median over
 --repeat rounds and the ratio gateway/direct. Without --uri a gateway
 subprocess is started on a free port against --pg (env LOCALDB_PG_DSN).
 
-Two references put the ratio in context. "ceiling": the same pymongo calls
-against a stub server (a subprocess answering every command instantly with a
-canned reply), i.e. what pymongo plus one loopback round trip allow before
-any gateway or engine work. `ping`: the real gateway without the engine.
+Three references put the ratio in context. "raw": the same commands sent to
+the gateway by a minimal OP_MSG client (hand-built messages, one bson
+encode/decode each, like the direct side), i.e. the gateway without a
+driver's per-operation cost. "ceiling": the pymongo calls against a stub
+server (a subprocess answering every command instantly with a canned reply),
+i.e. what pymongo plus one loopback round trip allow before any gateway or
+engine work. `ping`: the real gateway without the engine.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -135,6 +141,57 @@ def gateway_ops(coll: Collection[dict[str, Any]], client: MongoClient[Any]) -> d
     }
 
 
+class RawClient:
+    """A minimal OP_MSG client: the gateway's cost without a driver's."""
+
+    def __init__(self, uri: str):
+        host, port = re.match(r"mongodb://([^:/]+):(\d+)", uri).groups()  # type: ignore[union-attr]
+        self._sock = socket.create_connection((host, int(port)))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._lsid = {"id": bson.Binary(uuid.uuid4().bytes, 4)}
+
+    def command(self, body: dict[str, Any],
+                sequence: tuple[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+        """Send one command (documents as a kind-1 section if given); its reply."""
+        payload = b"\x00\x00\x00\x00\x00" + bson.encode({**body, "lsid": self._lsid, "$db": DB})
+        if sequence is not None:
+            section = sequence[0].encode() + b"\x00" + b"".join(map(bson.encode, sequence[1]))
+            payload += b"\x01" + struct.pack("<i", 4 + len(section)) + section
+        self._sock.sendall(struct.pack("<iiii", 16 + len(payload), 1, 0, 2013) + payload)
+        reply = self._read(struct.unpack("<i", self._read(4))[0] - 4)
+        return bson.decode(reply[17:])
+
+    def _read(self, count: int) -> bytes:
+        """Exactly `count` bytes."""
+        data = b""
+        while len(data) < count:
+            chunk = self._sock.recv(count - len(data))
+            if not chunk:
+                raise ConnectionError("the gateway closed the connection")
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        """Disconnect."""
+        self._sock.close()
+
+
+def raw_ops(raw: RawClient, coll: str) -> dict[str, Op]:
+    """The same operations as hand-built OP_MSG commands."""
+    return {
+        "insert_one": lambda i: raw.command({"insert": coll, "ordered": True}, (
+            "documents", [{"_id": bson.ObjectId(), **event(i)}])),
+        "find_one_and_update upsert": lambda i: raw.command({
+            "findAndModify": coll, "query": {"idempotency_key": upsert_key(i)},
+            "update": {"$inc": {"attempts": 1}, "$setOnInsert": {"event_status": "PENDING"}},
+            "upsert": True, "new": False})["value"],
+        "find_one by key": lambda i: raw.command({
+            "find": coll, "filter": {"idempotency_key": upsert_key(i)}, "limit": 1,
+            "singleBatch": True})["cursor"]["firstBatch"],
+        "ping": lambda i: raw.command({"ping": 1}),
+    }
+
+
 @contextmanager
 def gateway_process(dsn: str) -> Iterator[str]:
     """A gateway subprocess on a free port; yields its URI."""
@@ -180,9 +237,6 @@ HELLO = {"ismaster": True, "isWritablePrimary": True, "maxWireVersion": 21, "min
 
 def stub_server() -> None:
     """Serve canned replies forever (run as `store_ops.py --stub-server`)."""
-    import socket
-    import threading
-
     listener = socket.create_server(("127.0.0.1", 0))
     print(f"listening on 127.0.0.1:{listener.getsockname()[1]},", flush=True)
     encoded = {name: bson.encode(doc) for name, doc in STUB_REPLIES.items()}
@@ -193,9 +247,6 @@ def stub_server() -> None:
 
 def _stub_connection(sock: Any, encoded: dict[str, bytes]) -> None:
     """Answer each message on one connection: hello for handshakes, canned docs else."""
-    import socket
-    import struct
-
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = sock.makefile("rb")
     while len(head := reader.read(16)) == 16:
@@ -254,9 +305,10 @@ def measure(uri: str, stub_uri: str, dsn: str, n: int, repeat: int) -> Rates:
     """Each operation on each side, `repeat` rounds, sides interleaved within a round."""
     client: MongoClient[Any] = MongoClient(uri)
     stub: MongoClient[Any] = MongoClient(stub_uri)
-    conn = direct_connection(dsn)
-    prepare(client, ["via_gateway", "direct"])
+    conn, raw = direct_connection(dsn), RawClient(uri)
+    prepare(client, ["via_gateway", "via_raw", "direct"])
     sides = {"gateway": gateway_ops(client[DB]["via_gateway"], client),
+             "raw": raw_ops(raw, "via_raw"),
              "direct": direct_ops(conn, "direct"),
              "ceiling": gateway_ops(stub[DB]["c"], stub)}
     rates: Rates = {name: {side: [] for side in sides} for name in sides["gateway"]}
@@ -269,27 +321,38 @@ def measure(uri: str, stub_uri: str, dsn: str, n: int, repeat: int) -> Rates:
                         rates[name][side].append(rate(ops[name], n, start))
     finally:
         client.drop_database(DB)
-        for closable in (client, stub, conn):
+        for closable in (client, stub, conn, raw):
             closable.close()
     return rates
 
 
 def table(rates: Rates, n: int, repeat: int) -> str:
-    """The report: median ops/s per side, ratios, and the gateway's cost per operation."""
-    lines = [f"median of {repeat} round(s) x {n} ops, one operation at a time",
-             f"{'operation':<28}{'gateway':>9}{'direct':>9}{'ratio':>7}{'extra us':>10}"
-             f"{'ceiling':>9}{'gw/ceil':>9}"]
-    for name, sides in rates.items():
-        g, c = statistics.median(sides["gateway"]), statistics.median(sides["ceiling"])
-        if sides["direct"]:
-            d = statistics.median(sides["direct"])
-            middle = f"{d:>9,.0f}{g / d:>7.0%}{(1 / g - 1 / d) * 1e6:>10.0f}"
-        else:
-            middle = f"{'-':>9}{'-':>7}{'-':>10}"
-        lines.append(f"{name:<28}{g:>9,.0f}{middle}{c:>9,.0f}{g / c:>9.0%}")
-    lines.append("ops/s; extra us = gateway time per op minus direct; ceiling = pymongo "
-                 "against a stub that answers instantly")
+    """The report: median ops/s per side and the ratios to direct SQL."""
+    med = {name: {side: statistics.median(v) if v else None for side, v in sides.items()}
+           for name, sides in rates.items()}
+    lines = [f"median of {repeat} round(s) x {n} ops, one operation at a time (ops/s)",
+             f"{'operation':<28}{'pymongo':>9}{'raw':>8}{'direct':>8}{'pymongo/':>10}"
+             f"{'raw/':>7}{'ceiling':>9}",
+             f"{'':<28}{'->gw':>9}{'->gw':>8}{'SQL':>8}{'direct':>10}{'direct':>7}"
+             f"{'(stub)':>9}"]
+    for name, m in med.items():
+        cells = [_cell(m["gateway"], 9), _cell(m["raw"], 8), _cell(m["direct"], 8),
+                 _ratio(m["gateway"], m["direct"], 10), _ratio(m["raw"], m["direct"], 7),
+                 _cell(m["ceiling"], 9)]
+        lines.append(f"{name:<28}" + "".join(cells))
+    lines.append("pymongo->gw: the service's path; raw->gw: a minimal OP_MSG client; "
+                 "ceiling: pymongo against a stub that answers instantly")
     return "\n".join(lines)
+
+
+def _cell(value: float | None, width: int) -> str:
+    """A right-aligned rate, or '-'."""
+    return f"{value:>{width},.0f}" if value is not None else f"{'-':>{width}}"
+
+
+def _ratio(value: float | None, base: float | None, width: int) -> str:
+    """A right-aligned percentage, or '-'."""
+    return f"{value / base:>{width}.0%}" if value and base else f"{'-':>{width}}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -274,3 +274,12 @@ def test_many_open_sorted_cursors(gw_db: Database) -> None:
     for cursor in cursors:
         assert [d["n"] for d in cursor] == list(range(58, -1, -1))
     assert coll.count_documents({}) == 60  # and commands still get sessions
+
+
+def test_explain_shows_the_postgresql_plan(gw_db: Database) -> None:
+    gw_db.c.create_index("k")
+    gw_db.c.insert_many([{"k": i} for i in range(50)])
+    plan = gw_db.c.find({"k": 7}).explain()
+    assert plan["queryPlanner"]["namespace"] == f"{gw_db.name}.c"
+    assert "Node Type" in plan["queryPlanner"]["winningPlan"]["plan"]
+    assert gw_db.command("explain", {"count": "c", "query": {"k": 1}})["ok"] == 1.0

@@ -10,7 +10,7 @@ Modules, from the socket inwards:
   commands      dispatch by command name; failures become error replies
   transactions  commands inside a session's transaction, commit / abort
   writes        insert / update / delete / findAndModify, upsert retry
-  queries       find / aggregate / getMore / killCursors / count / distinct / list*
+  queries       find / aggregate / getMore / killCursors / count / distinct / list* / explain
   ddl           indexes, collections, databases
   admin         hello, ping, buildInfo, endSessions, localdbExpireTTL, ...
   failures      engine errors -> MongoDB errors (with duplicate-key details)

@@ -100,12 +100,6 @@ class PgConnection:
             stmt.name, _nullable(params), (1,) * len(params), result_format=1))
         return self._row(result, 0) if result.ntuples else ()
 
-    def query(self, sql: bytes, params: Sequence[Value] = ()) -> list[Row]:
-        """Execute a one-off statement with binary parameters; all its rows."""
-        result = self._guard(lambda: self._pq.exec_params(
-            sql, _nullable(params), None, (1,) * len(params), result_format=1))
-        return [self._row(result, i) for i in range(result.ntuples)]
-
     def execute(self, sql: bytes) -> None:
         """Execute a parameterless utility statement (BEGIN, COMMIT, CALL ...)."""
         self._guard(lambda: self._pq.exec_(sql))
@@ -146,8 +140,10 @@ class PgConnection:
     def stale(self) -> bool:
         """True when an idle session has input waiting: the server ended it (restart,
         shutdown, terminated backend), so it must not be handed out."""
-        try:
-            return bool(select.select([self._pq.socket], [], [], 0)[0])
+        try:  # poll, not select: descriptors past 1024 are common with many clients
+            poller = select.poll()
+            poller.register(self._pq.socket, select.POLLIN)
+            return bool(poller.poll(0))
         except (OSError, ValueError, psycopg.Error):
             return True
 

@@ -10,6 +10,7 @@ memory, so that open cursors can never use up PostgreSQL's sessions.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bson.int64 import Int64
@@ -204,7 +205,32 @@ def _document(ctx: Context, stmt: Statement) -> Reply:
     return ctx.run_raw(stmt)[0] or b""
 
 
+# explain: PostgreSQL's plan of the engine's query function for the command.
+EXPLAINED = {"find": "bson_aggregation_find", "aggregate": "bson_aggregation_pipeline",
+             "count": "bson_aggregation_count", "distinct": "bson_aggregation_distinct"}
+
+
+def explain(ctx: Context) -> Reply:
+    """explain of find / aggregate / count / distinct: the PostgreSQL plan, as JSON.
+
+    Index names in the plan are the engine's ("documents_rum_index_<id>"), not MongoDB's.
+    """
+    command = ctx.body.get("explain")
+    kind = next(iter(command), None) if isinstance(command, dict) else None
+    if kind not in EXPLAINED or not isinstance(command, dict):
+        raise MongoError(Code.CommandNotSupported, f"explain of {kind!r} is not supported")
+    stmt = Statement(f"gw_explain_{kind}".encode(),
+                     f"EXPLAIN (FORMAT JSON) SELECT document FROM documentdb_api_catalog."
+                     f"{EXPLAINED[kind]}($1::text, $2::documentdb_core.bson)".encode())
+    plan = json.loads(ctx.run(stmt, ctx.db_param, wire.encode(command))[0] or b"[{}]")
+    return {"queryPlanner": {"namespace": f"{ctx.db}.{command[kind]}",
+                             "winningPlan": {"stage": "POSTGRESQL", "plan": plan[0].get("Plan")},
+                             "rejectedPlans": []},
+            "command": command, "ok": 1.0}
+
+
 HANDLERS: dict[str, Handler] = {
+    "explain": explain,
     "find": find,
     "aggregate": aggregate,
     "getMore": get_more,
