@@ -15,15 +15,12 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from tests.servers import unavailable
 
 
 def require_server(what: str, error: BaseException) -> None:
     """Fail under CI, skip elsewhere, when a server the test needs is missing."""
-    message = f"{what} is not available: {error}"
-    if IN_CI:
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable(f"{what} is not available: {error}")
 
 
 def _local_uri() -> str:

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar
-
-import pytest
+from typing import Any, TypeVar
 
 from infra.pubsub.config import PushPolicy
 from infra.pubsub.resources import Admin
+from tests.servers import in_ci as in_ci
+from tests.servers import unavailable as unavailable
 
 T = TypeVar("T")
 
@@ -48,18 +48,6 @@ E2E_PROJECT = "local-project"
 # Settings a developer's shell may carry that would change what the script
 # creates; the harness decides them itself.
 _SCRIPT_SETTINGS = re.compile(r"(PUBSUB_|PUSH_)\w+|GOOGLE_CLOUD_PROJECT")
-
-
-def in_ci() -> bool:
-    """True under ``CI=true``, where a missing server fails a test instead of skipping it."""
-    return os.environ.get("CI", "").lower() == "true"
-
-
-def unavailable(reason: str) -> NoReturn:
-    """Skip the test because a prerequisite is missing; fail instead under CI."""
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: failing instead of skipping)", pytrace=False)
-    pytest.skip(reason)
 
 
 def free_port() -> int:

@@ -23,19 +23,17 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from tests.servers import unavailable
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DSN = "host=127.0.0.1 port=5433 user=postgres dbname=postgres"
-IN_CI = os.environ.get("CI", "").lower() == "true"
 START_TIMEOUT_S = 20.0
 _LISTENING = re.compile(r"listening on (\S+):(\d+),")
 
 
 def require(what: str, error: BaseException | str) -> None:
     """Fail under CI, skip elsewhere, when something a test needs is missing."""
-    message = f"{what} is not available: {error}"
-    if IN_CI:
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable(f"{what} is not available: {error}")
 
 
 @dataclass

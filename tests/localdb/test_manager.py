@@ -41,6 +41,7 @@ from infra.localdb import __main__ as cli
 from infra.localdb import stop as stop_localdb
 from infra.localdb.probes import mongo_ping
 from infra.localdb.procs import Proc, identify, is_running, last_line, spawn_detached, terminate
+from tests.servers import unavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -349,9 +350,7 @@ def start_or_fail(config: Config) -> str:
     try:
         return ensure_started(config, note=lambda _: None)
     except LocalDBError as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"the local DocumentDB did not start: {exc}")
-        pytest.skip(f"the local DocumentDB is not available here: {exc}")
+        unavailable(f"the local DocumentDB did not start: {exc}")
 
 
 @pytest.fixture
