@@ -3,11 +3,12 @@
     gunicorn -c gunicorn.conf.py main:app
     functions-framework --target pubsub_push --signature-type http
 
-Both read the environment once (see ``eventbus.config``) and import the
-handler modules named by ``EVENTBUS_HANDLER_MODULES`` (default ``handlers``).
+The environment is read once (``handlers.AppSettings``); the app owns its router.
 """
 
-from eventbus.app import create_app, push_target
+from eventbus import create_app, push_target
+from handlers import AppSettings, create_router
 
-app = create_app()
+settings = AppSettings.from_env()
+app = create_app(create_router(settings), settings.eventbus)
 pubsub_push = push_target(app)

@@ -1,7 +1,8 @@
-"""Business handlers, one module per domain. Importing this package registers them all.
+"""The partner app: business handlers, partner calls, settings and the demo.
 
-A handler is a function of one ``Context``, registered with
-``@router.handler(event_type, versions=..., upcasters=...)``:
+Each domain module fills a ``Router`` of its own (``routes``); ``create_router``
+includes them into the one router the app gives to ``eventbus.create_app``.
+A handler is a function of one ``Context``:
 
 * return normally → the event is stored SUCCESS and acked;
 * raise ``PermanentError`` → stored FAILED for good and acked;
@@ -11,6 +12,23 @@ Write effects so that running them twice is harmless (the framework makes a
 second run rare, not impossible: a lease can expire under a slow handler).
 """
 
-from handlers import notifications, orders, promotions, subscriptions
+from __future__ import annotations
 
-__all__ = ["notifications", "orders", "promotions", "subscriptions"]
+import importlib
+
+import requests
+
+from eventbus import Router
+from handlers import notifications, orders, promotions, subscriptions
+from handlers.settings import AppSettings
+
+__all__ = ["AppSettings", "create_router"]
+
+
+def create_router(settings: AppSettings, session: requests.Session | None = None) -> Router:
+    """Return the app's router: every domain's routes, plus ``EVENTBUS_HANDLER_MODULES``."""
+    router = Router().include(orders.routes, subscriptions.routes, promotions.routes,
+                              notifications.create_routes(settings.partners, session))
+    for name in settings.partners.extra_modules:
+        router.include(importlib.import_module(name).routes)
+    return router

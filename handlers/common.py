@@ -7,8 +7,7 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
-from eventbus.context import Context
-from eventbus.errors import PermanentError
+from eventbus import Context, PermanentError
 
 
 def apply_projection(context: Context, collection: str, doc_id: str, as_of: float,

@@ -4,28 +4,28 @@ A domain handler calls ``notify_partner(context, kind, payload)``, which emits
 ``PARTNER_NOTIFY`` (an OUT event). Then:
 
 1. ``PARTNER_NOTIFY`` calls the partner endpoint (``EVENTBUS_PARTNER_URL``)
-   through ``eventbus.delivery``, which makes the call once per event key,
+   through ``eventbus.guard``, which makes the call once per event key,
    and emits ``PARTNER_NOTIFY_SENT``;
 2. ``PARTNER_NOTIFY_SENT`` records the notification in
    ``partner_notifications``, once.
 
 Each step is its own event, so a partner that is down retries only the call,
-and the store shows how far each notification went (``python -m eventbus trace``).
+and the store shows how far each notification went (``eventbus trace``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
+import requests
 from pymongo.errors import DuplicateKeyError
 
-from eventbus import router
-from eventbus.context import Context
-from eventbus.delivery import PartnerClient
+from eventbus import Context, Router
 from handlers.common import require
+from handlers.partners import PartnerClient
+from handlers.settings import PartnerSettings
 
 NOTIFY = "PARTNER_NOTIFY"
 SENT = "PARTNER_NOTIFY_SENT"
@@ -37,20 +37,37 @@ def notify_partner(context: Context, kind: str, payload: Mapping[str, Any]) -> s
     return context.emit(NOTIFY, {"kind": kind, "payload": dict(payload)}, direction="OUT")
 
 
-@router.handler(NOTIFY)
-def on_partner_notify(context: Context) -> None:
-    """Call the partner once for this event, then emit that it was sent."""
-    kind = require(context.event.entity_data, "kind", str)
-    payload = require(context.event.entity_data, "payload", dict)
-    meta = context.event.entity_metadata
-    body = {"kind": kind, "partnerId": meta.partner_id, "entity_id": meta.entity_id,
-            "entity_type": meta.entity_type, "payload": payload, "idempotencyKey": context.key}
-    delivered = partner_client(context).deliver(context.key, partner_url(context), body)
-    context.emit(SENT, {"kind": kind, "payload": payload, "notification": context.key,
-                        "statusCode": delivered.status_code}, direction="OUT")
+class PartnerNotifier:
+    """The ``PARTNER_NOTIFY`` step, bound to the app's partner settings."""
+
+    def __init__(self, settings: PartnerSettings, session: requests.Session | None = None) -> None:
+        self.settings, self.session = settings, session
+
+    def __call__(self, context: Context) -> None:
+        """Call the partner once for this event, then emit that it was sent."""
+        kind = require(context.event.entity_data, "kind", str)
+        payload = require(context.event.entity_data, "payload", dict)
+        meta = context.event.entity_metadata
+        body = {"kind": kind, "partnerId": meta.partner_id, "entity_id": meta.entity_id,
+                "entity_type": meta.entity_type, "payload": payload,
+                "idempotencyKey": context.key}
+        delivered = self.client(context).deliver(context.key, self.url(context), body)
+        context.emit(SENT, {"kind": kind, "payload": payload, "notification": context.key,
+                            "statusCode": delivered.status_code}, direction="OUT")
+
+    def client(self, context: Context) -> PartnerClient:
+        """Return a partner client on the handler's guard."""
+        if context.guard is None:
+            raise RuntimeError("partner calls need the processor's side-effect guard")
+        return PartnerClient(context.guard, timeout=self.settings.timeout_seconds,
+                             session=self.session)
+
+    def url(self, context: Context) -> str:
+        """Return the partner endpoint for this event's partner."""
+        partner = quote(context.event.entity_metadata.partner_id, safe="")
+        return self.settings.url.format(partnerId=partner)
 
 
-@router.handler(SENT)
 def on_partner_notify_sent(context: Context) -> None:
     """Record the sent notification once, under the key of the call that sent it."""
     data = context.event.entity_data
@@ -66,14 +83,9 @@ def on_partner_notify_sent(context: Context) -> None:
         context.log.info("notification %s already recorded", document["_id"])
 
 
-def partner_client(context: Context) -> PartnerClient:
-    """Return a partner client on the handler's database, clock and settings."""
-    settings = context.settings
-    return PartnerClient(context.db, timeout=settings.partner_timeout_seconds,
-                         lease=timedelta(seconds=settings.lease_seconds), now=context.now)
-
-
-def partner_url(context: Context) -> str:
-    """Return the partner endpoint for this event's partner."""
-    partner = quote(context.event.entity_metadata.partner_id, safe="")
-    return context.settings.partner_url.format(partnerId=partner)
+def create_routes(settings: PartnerSettings, session: requests.Session | None = None) -> Router:
+    """Return the two notification steps, the partner call bound to ``settings``."""
+    routes = Router()
+    routes.handler(NOTIFY)(PartnerNotifier(settings, session))
+    routes.handler(SENT)(on_partner_notify_sent)
+    return routes

@@ -12,10 +12,8 @@ are upcast to version 2 before the handler sees them.
 
 from __future__ import annotations
 
-from eventbus import router
-from eventbus.context import Context
-from eventbus.errors import PermanentError
-from eventbus.event import Event
+from eventbus import Context, PermanentError, Router
+from eventbus.model.event import Event
 from handlers.common import apply_projection, require
 from handlers.notifications import notify_partner
 
@@ -23,6 +21,8 @@ ORDER_STATUSES = {"OR_PLC": "placed", "OR_CNF": "confirmed", "OR_SHP": "shipped"
                   "OR_DLV": "delivered", "OR_CNL": "cancelled"}
 # The partner wants to hear about these transitions.
 NOTIFY_ON = {"OR_CNF", "OR_SHP", "OR_CNL"}
+
+routes = Router()
 
 
 def order_v1_to_v2(event: Event) -> Event:
@@ -34,7 +34,7 @@ def order_v1_to_v2(event: Event) -> Event:
     return event.with_version("v2", data)
 
 
-@router.handler("OR_MGMT", versions=("v2",), upcasters={"v1": order_v1_to_v2})
+@routes.handler("OR_MGMT", versions=("v2",), upcasters={"v1": order_v1_to_v2})
 def on_order_event(context: Context) -> None:
     """Project the order's latest status; notify the partner of the transitions it wants."""
     data = context.event.entity_data

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from eventbus import router
-from eventbus.context import Context
-from eventbus.errors import PermanentError
+from eventbus import Context, PermanentError, Router
 from handlers.common import apply_projection, require
 
+routes = Router()
 
-@router.handler("PROM_MGMT")
+
+@routes.handler("PROM_MGMT")
 def on_promotion_event(context: Context) -> None:
     """Project a promotion; a discount outside 0-100 % can never be applied."""
     data = context.event.entity_data

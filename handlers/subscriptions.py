@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from eventbus import router
-from eventbus.context import Context
-from eventbus.errors import PermanentError
+from eventbus import Context, PermanentError, Router
 from handlers.common import apply_projection, require
 from handlers.notifications import notify_partner
 
 SUBSCRIPTION_STATUSES = ("ACTIVE", "PAUSED", "CANCELLED")
 
+routes = Router()
 
-@router.handler("SUB_MGMT")
+
+@routes.handler("SUB_MGMT")
 def on_subscription_event(context: Context) -> None:
     """Project the subscription's state; tell the partner when one is cancelled."""
     data = context.event.entity_data

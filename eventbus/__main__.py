@@ -1,7 +1,0 @@
-"""``python -m eventbus``: see ``eventbus.cli``."""
-
-import sys
-
-from eventbus.cli import main
-
-sys.exit(main())

@@ -1,0 +1,66 @@
+"""eventbus: a Pub/Sub push-subscription framework, dispatching on ``event_type``, idempotent.
+
+Build a service::
+
+    from eventbus import Router, create_app
+
+    routes = Router()
+
+    @routes.handler("OR_MGMT", versions=("v2",))
+    def on_order(context): ...
+
+    app = create_app(routes)             # gunicorn main:app
+
+Publish from another service (needs only google-cloud-pubsub)::
+
+    from eventbus import publish
+    publish("OR_MGMT", {...}, entity={"partnerId": "p1", "entity_id": "o-1",
+                                      "entity_type": "Order"})
+
+Test handlers without any server: ``eventbus.testing.LocalBus``.
+
+The layers, each a package that says what it may import:
+
+* ``eventbus.model``     the message model and rules: event, keys, errors, status,
+                         router, context (pure, no I/O);
+* ``eventbus.settings``  the frozen ``Settings``, read once from the environment;
+* ``eventbus.store``     storage, the only layer that talks to the collections:
+                         protocol, documents, MongoDB, in-memory;
+* ``eventbus.processor`` the state machine: prepare once, claim, run, finish;
+* ``eventbus.outbox``    children: the relay and its sweeper;
+* ``eventbus.guard``     the side-effect guard (check, lease, call, done);
+* ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
+* ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
+* ``eventbus.ops``       the ``eventbus`` console script and the cascade view;
+* ``eventbus.testing``   ``LocalBus``, a fake clock, a capturing publisher.
+
+``create_app`` (Flask) is imported on first use, so ``from eventbus import
+publish`` works where neither Flask nor pymongo is installed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from eventbus.model.context import Context
+from eventbus.model.errors import PermanentError, TransientError
+from eventbus.model.router import Router
+from eventbus.pubsub.publisher import Publisher, publish
+from eventbus.settings import Settings
+
+if TYPE_CHECKING:
+    from eventbus.web.app import create_app, push_target
+
+__all__ = ["Context", "PermanentError", "Publisher", "Router", "Settings", "TransientError",
+           "create_app", "publish", "push_target"]
+
+_LAZY = {"create_app": "eventbus.web.app", "push_target": "eventbus.web.app"}
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the web layer (Flask, pymongo) loads only when asked for.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'eventbus' has no attribute {name!r}")

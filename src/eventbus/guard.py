@@ -1,0 +1,85 @@
+"""The side-effect guard: seed 004's "Idempotence For Side Effects", on the store.
+
+A side effect the event store cannot make idempotent (an HTTP call to a
+partner, an e-mail) runs through ``Guard.run(key, effect)``:
+
+1. **key check**: the key is SUCCESS → the effect is not run again; its
+   stored result is returned (``Guarded.skipped``);
+2. **lease lock**: the key is leased to this call; if another worker holds a
+   live lease, ``LeaseHeld`` (transient: the event is redelivered later);
+3. **the effect** runs and returns a JSON-able result;
+4. **the key set permanently**: SUCCESS with the result; if the effect
+   raised, FAILED with the error, the lease released, and the error re-raised.
+
+This narrows duplicate effects to one case: the worker dies (or its lease
+runs out) after the effect happened and before SUCCESS was stored. Passing
+the key on to the other side (an ``Idempotency-Key`` header) closes it.
+
+May import: ``eventbus.model`` and ``eventbus.store.base``; it talks to the
+store only through ``guard_take``, ``guard_finish`` and ``guard_get``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from eventbus.store.base import Record
+from eventbus.store.documents import error_document
+
+Effect = Callable[[], Mapping[str, Any]]
+
+
+class GuardStore(Protocol):
+    """The store primitives the guard uses (a subset of ``EventStore``)."""
+
+    def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
+        """Lease ``key``: None when taken now, its record when already SUCCESS."""
+        ...
+
+    def guard_finish(self, key: str, owner: str, now: datetime, *, succeeded: bool,
+                     result: Mapping[str, Any]) -> bool:
+        """Store how the effect ended; False when the lease was lost."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Guarded:
+    """The outcome of ``Guard.run``: the effect's result, now or from an earlier run."""
+
+    key: str
+    result: Mapping[str, Any]
+    skipped: bool
+    """True when an earlier run already succeeded and the effect was not run now."""
+
+
+class Guard:
+    """Runs side effects at most once per key (see the module docstring)."""
+
+    def __init__(self, store: GuardStore, *, lease: timedelta,
+                 now: Callable[[], datetime]) -> None:
+        self.store, self.lease, self.now = store, lease, now
+
+    def run(self, key: str, effect: Effect, *,
+            classify: Callable[[BaseException], str] = lambda exc: "transient") -> Guarded:
+        """Run ``effect`` unless ``key`` already succeeded; see the module docstring.
+
+        ``classify`` names the failure stored on FAILED (``transient`` or ``permanent``).
+        """
+        owner = uuid.uuid4().hex
+        done = self.store.guard_take(key, owner, self.now(), self.lease)
+        if done is not None:
+            return Guarded(key, dict(done.get("result") or {}), skipped=True)
+        try:
+            result = dict(effect())
+        except BaseException as exc:
+            # Guarded by the owner: a worker whose lease ran out must not undo
+            # the state that the lease's next holder wrote.
+            self.store.guard_finish(key, owner, self.now(), succeeded=False,
+                                    result=error_document(exc, classify(exc)))
+            raise
+        self.store.guard_finish(key, owner, self.now(), succeeded=True, result=result)
+        return Guarded(key, result, skipped=False)

@@ -1,0 +1,88 @@
+"""What a handler receives: the event, its key, the attempt, a logger, ``emit`` and a guard."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from eventbus.model.delivery import Delivery
+from eventbus.model.errors import InvalidEvent
+from eventbus.model.event import EntityMetadata, Event, event_from_document
+from eventbus.model.keys import canonical_json, child_key
+from eventbus.model.status import Status
+
+if TYPE_CHECKING:  # types only: the model never calls into the guard's layer
+    from eventbus.guard import Guard
+
+
+@dataclasses.dataclass(frozen=True)
+class Child:
+    """An event emitted by a handler, published by the relay after the parent succeeds."""
+
+    key: str
+    event: Event
+    ordering_key: str = ""
+
+    def to_document(self, parent_key: str, root_key: str, created_at: datetime) -> dict[str, Any]:
+        """Return the outbox entry stored in the parent's document.
+
+        ``created_at`` lets the sweeper leave young entries to the inline relay.
+        """
+        return {"idempotency_key": self.key, **self.event.to_document(),
+                "ordering_key": self.ordering_key, "parent_key": parent_key,
+                "root_key": root_key, "status": Status.PENDING.value, "publish_attempts": 0,
+                "created_at": created_at}
+
+
+@dataclasses.dataclass
+class Context:
+    """Passed to every handler.
+
+    ``db`` is the database for the handler's own effects (the store's, or
+    what a test gave); ``guard`` runs a side effect the store cannot undo
+    (an HTTP call) at most once per key.
+    """
+
+    event: Event
+    key: str
+    attempt: int
+    delivery: Delivery
+    log: logging.LoggerAdapter[logging.Logger]
+    db: Any
+    now: Callable[[], datetime]
+    root_key: str = ""
+    guard: Guard | None = None
+    children: list[Child] = dataclasses.field(default_factory=list)
+
+    def emit(self, event_type: str, data: Mapping[str, Any], *,
+             entity: EntityMetadata | None = None, version: str = "v1",
+             direction: str = "IN", ordering_key: str = "") -> str:
+        """Queue a child event; it is stored with the parent's SUCCESS and published after.
+
+        The child's key derives from this event's key, the child type and its
+        index, so a retried handler emits the same keys. The child is checked
+        with the receiver's own rules now, so a child that could never be
+        processed fails its parent instead of the relay. Returns the key.
+        """
+        key = child_key(self.key, event_type, len(self.children))
+        meta = entity or self.event.entity_metadata
+        body = {"event_type": event_type, "event_version": version,
+                "event_direction": direction, "entity_metadata": meta.to_document(),
+                "entity_data": dict(data)}
+        self.children.append(Child(key=key, event=_validated(body), ordering_key=ordering_key))
+        return key
+
+
+def _validated(body: Mapping[str, Any]) -> Event:
+    # Checked once, here, with the receiver's rules: the relay publishes the
+    # stored entry as it is, without parsing it back.
+    try:
+        canonical_json(body)
+        return event_from_document(body)
+    except (InvalidEvent, TypeError, ValueError) as exc:
+        # A bad emit is a bug in the handler: a transient error keeps the
+        # parent retryable until a fixed handler is deployed.
+        raise ValueError(f"emit({body['event_type']!r}) cannot be published: {exc}") from exc

@@ -1,0 +1,135 @@
+"""The named error hierarchy and the one function that classifies exceptions.
+
+A handler that returns acks its message; a handler that raises nacks it,
+unless the exception says the message can never succeed. Classification is
+done by a ``Classifier`` that each processor owns: everything that is not
+known to be permanent is transient, so an unexpected bug is retried, never
+dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class EventBusError(Exception):
+    """Base class of every error this framework raises on purpose."""
+
+
+class TransientError(EventBusError):
+    """Raised when an operation failed but may succeed if retried later.
+
+    Pub/Sub gets a 503 and redelivers with backoff.
+    """
+
+
+class StoreUnavailable(TransientError):
+    """Raised when MongoDB cannot be reached or times out."""
+
+
+class LeaseHeld(TransientError):
+    """Raised when another worker holds a live lease on the same idempotency key."""
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        super().__init__(f"event {record.get('idempotency_key')!r} is being processed elsewhere")
+        self.record = record
+
+
+class PublishError(TransientError):
+    """Raised when a message could not be published to Pub/Sub."""
+
+
+class PermanentError(EventBusError):
+    """Raised when a message can never succeed; it is stored as FAILED and acked."""
+
+
+class InvalidEvent(PermanentError):
+    """Raised when a delivered payload is not a valid event (bad JSON, missing or bad fields)."""
+
+
+class UnknownEventType(InvalidEvent):
+    """Raised when no handler is registered for the event's ``event_type``."""
+
+
+class UnsupportedVersion(InvalidEvent):
+    """Raised when the event's ``event_version`` has no handler and no upcaster."""
+
+
+class AttemptCapReached(PermanentError):
+    """Raised when an event has used all its attempts (``EVENTBUS_MAX_ATTEMPTS``)."""
+
+
+class RequestError(EventBusError):
+    """Raised when an HTTP request is not a Pub/Sub delivery; it is never processed."""
+
+    status = 400
+    code = "bad_request"
+
+
+class PayloadTooLarge(RequestError):
+    """Raised when a request body is larger than a Pub/Sub push can be."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class Unauthenticated(RequestError):
+    """Raised when a push request carries no valid OIDC bearer token."""
+
+    status = 401
+    code = "unauthenticated"
+
+
+class Forbidden(RequestError):
+    """Raised when a valid token belongs to an identity that may not push here."""
+
+    status = 403
+    code = "forbidden"
+
+
+class AlreadyExists(EventBusError):
+    """Raised by the store when the idempotency key exists and cannot be claimed.
+
+    It carries the stored record, so the caller decides without another read.
+    """
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        super().__init__(f"event {record.get('idempotency_key')!r} already exists")
+        self.record = record
+
+
+class DuplicateHandler(EventBusError):
+    """Raised when a second handler is registered for the same ``event_type``."""
+
+
+class Classification(enum.Enum):
+    """How a failure is treated: retried by the broker, or stored and acked."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
+Predicate = Callable[[BaseException], bool]
+
+
+class Classifier:
+    """Decides, per instance, which failures are permanent; everything else is transient.
+
+    ``permanent`` lists exception types that can never succeed on a retry
+    (``PermanentError`` always counts); ``predicates`` add rules that need
+    more than a type (a driver error code, say). The processor owns one, so
+    two services in one process can classify differently.
+    """
+
+    def __init__(self, permanent: tuple[type[BaseException], ...] = (),
+                 predicates: tuple[Predicate, ...] = ()) -> None:
+        self.permanent: tuple[type[BaseException], ...] = (PermanentError, *permanent)
+        self.predicates = predicates
+
+    def classify(self, exc: BaseException) -> Classification:
+        """Return how ``exc`` is treated. Unknown exceptions are transient."""
+        if isinstance(exc, self.permanent) or any(rule(exc) for rule in self.predicates):
+            return Classification.PERMANENT
+        return Classification.TRANSIENT

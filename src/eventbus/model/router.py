@@ -1,0 +1,100 @@
+"""The router: filled by decorators, dispatching on ``event_type``; no global instance.
+
+Registration is deferred, as with Flask blueprints: each handler module
+fills a ``Router`` of its own, and the application includes them into the
+router it gives to ``create_app``::
+
+    routes = Router()                      # handlers/orders.py
+
+    @routes.handler("OR_MGMT", versions=("v2",))
+    def on_order(context): ...
+
+    router = Router().include(orders.routes, promotions.routes)   # the app
+
+A handler that returns acks its message; a handler that raises nacks it
+(see ``eventbus.model.errors.Classifier``). Each ``event_type`` has exactly one
+handler, which declares the versions it reads; upcasters turn older
+versions into one of those before the handler runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+from eventbus.model.context import Context
+from eventbus.model.errors import DuplicateHandler, UnknownEventType, UnsupportedVersion
+from eventbus.model.event import Event
+
+Handler = Callable[[Context], None]
+Upcaster = Callable[[Event], Event]
+_MAX_UPCASTS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One registered handler with the versions it reads and its upcasters."""
+
+    event_type: str
+    handler: Handler
+    versions: tuple[str, ...]
+    upcasters: Mapping[str, Upcaster]
+
+    def upcast(self, event: Event) -> Event:
+        """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``."""
+        for _ in range(_MAX_UPCASTS):
+            if event.event_version in self.versions:
+                return event
+            upcaster = self.upcasters.get(event.event_version)
+            if upcaster is None:
+                break
+            event = upcaster(event)
+        raise UnsupportedVersion(
+            f"{event.event_type} {event.event_version} is not supported "
+            f"(handler reads {', '.join(self.versions)})")
+
+
+class Router:
+    """Maps ``event_type`` to its handler. Registering a type twice is an error."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, Route] = {}
+
+    def handler(self, event_type: str, *, versions: tuple[str, ...] = ("v1",),
+                upcasters: Mapping[str, Upcaster] | None = None) -> Callable[[Handler], Handler]:
+        """Register the decorated function for ``event_type``."""
+        def register(function: Handler) -> Handler:
+            self.add(Route(event_type, function, tuple(versions), dict(upcasters or {})))
+            return function
+        return register
+
+    def add(self, route: Route) -> None:
+        """Register ``route``; raise ``DuplicateHandler`` if its type is taken."""
+        existing = self._routes.get(route.event_type)
+        if existing is not None and existing.handler is not route.handler:
+            raise DuplicateHandler(f"{route.event_type!r} already handled by "
+                                   f"{existing.handler.__module__}.{existing.handler.__name__}")
+        self._routes[route.event_type] = route
+
+    def include(self, *others: Router) -> Router:
+        """Add every route of ``others``; a type handled twice raises ``DuplicateHandler``."""
+        for other in others:
+            for route in other._routes.values():
+                self.add(route)
+        return self
+
+    def route_for(self, event: Event) -> Route:
+        """Return the route for ``event``'s type, or raise ``UnknownEventType``."""
+        route = self._routes.get(event.event_type)
+        if route is None:
+            raise UnknownEventType(f"no handler for event_type {event.event_type!r}")
+        return route
+
+    def resolve(self, event: Event) -> tuple[Route, Event]:
+        """Return the route for ``event`` and the event upcast for it."""
+        route = self.route_for(event)
+        return route, route.upcast(event)
+
+    def event_types(self) -> list[str]:
+        """Return the registered event types, sorted."""
+        return sorted(self._routes)

@@ -1,0 +1,216 @@
+"""The outbox relay: publish the children a handler emitted, then mark them published.
+
+A handler's children are written into the parent's document by the same
+update that marks it SUCCESS (``outbox``, each entry ``PENDING``). The relay
+publishes each pending entry with the standard attributes (``event_type``,
+``event_version``, ``idempotency_key`` = the child key, ``parent_key``,
+``root_key``, and the ordering key if any), then marks it ``PUBLISHED`` with
+``published_at`` and ``messageId`` in one conditional update.
+
+It runs in two places:
+
+* **inline**, as the processor's ``after_success`` hook, right after SUCCESS
+  is stored and before the push is acked. It spends at most
+  ``Settings.relay_budget_seconds`` (plus the store write of the entry it is
+  on); whatever is left is left ``PENDING`` for the sweeper. It never raises.
+* **as a sweeper**, ``eventbus relay [--once]``: asks the store for entries
+  ``PENDING`` for longer than a grace period and publishes them. This is
+  what recovers a crash between the commit and the publish.
+
+Publishing is at least once: a publish whose answer was lost, or two relays
+on the same entry, publish a child twice. That is harmless, because the
+child's key is stable and the receiver's claim deduplicates it.
+
+A child was validated once, when the handler emitted it; the relay
+serialises the stored entry into the message without parsing it again.
+
+May import: ``eventbus.model``, ``eventbus.store.base`` and the publisher
+protocol; it reads and writes the outbox only through the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from eventbus.model.errors import EventBusError, InvalidEvent, PublishError
+from eventbus.model.keys import CASCADE_LINKS, canonical_json
+from eventbus.model.status import Status
+from eventbus.pubsub.message import MessagePublisher, message_attributes
+from eventbus.store.base import EventStore, OutboxEntry
+from eventbus.store.documents import error_document
+
+logger = logging.getLogger("eventbus.outbox.relay")
+
+OUTBOX_INDEX = "outbox.status_1"
+"""The sweep's index, one of ``eventbus.store.INDEXES``."""
+_EVENT_FIELDS = ("event_type", "event_version", "event_direction", "entity_metadata",
+                 "entity_data")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """Retry timing: the first retry at once, then exponential with full jitter.
+
+    Retry ``n`` (1-based) waits 0 for ``n == 1``, else a random share of
+    ``min(cap, base * 2 ** (n - 2))``, so that relays retrying together spread out.
+    """
+
+    tries: int = 4
+    base: float = 0.1
+    cap: float = 2.0
+
+    def delay(self, retry: int, jitter: float) -> float:
+        """Return the wait before retry ``retry``; ``jitter`` is uniform in [0, 1)."""
+        if retry <= 1:
+            return 0.0
+        return jitter * min(self.cap, self.base * 2 ** (retry - 2))
+
+
+@dataclasses.dataclass
+class RelayReport:
+    """What one relay run did, counted in outbox entries."""
+
+    published: int = 0
+    failed: int = 0
+    """Publishing failed after every try; the entry stays PENDING for the sweeper."""
+    deferred: int = 0
+    """Not tried because the inline budget ran out; left PENDING for the sweeper."""
+
+    def add(self, other: RelayReport) -> None:
+        """Add ``other``'s counts to this report."""
+        self.published += other.published
+        self.failed += other.failed
+        self.deferred += other.deferred
+
+    def __str__(self) -> str:
+        return (f"published {self.published}, failed {self.failed}, "
+                f"deferred {self.deferred}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attempt:
+    """How publishing one entry ended: a message id, or the last error."""
+
+    tries: int
+    message_id: str = ""
+    error: EventBusError | None = None
+
+
+class Relay:
+    """Publishes pending outbox entries through the store's outbox primitives.
+
+    Time is injected: ``now`` stamps ``published_at``, ``monotonic`` measures
+    the budget, ``sleep`` and ``jitter`` drive the backoff, so tests run
+    without waiting.
+    """
+
+    def __init__(self, store: EventStore, publisher: MessagePublisher, *,
+                 now: Callable[[], datetime], budget: float | None = None,
+                 backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep,
+                 jitter: Callable[[], float] = random.random,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.publisher, self.now = store, publisher, now
+        self.budget, self.backoff = budget, backoff
+        self._sleep, self._jitter, self._monotonic = sleep, jitter, monotonic
+
+    def __call__(self, parent_key: str, outbox: Sequence[Mapping[str, Any]]) -> None:
+        """The ``after_success`` hook: relay within the budget; log, never raise."""
+        try:
+            report = self.relay(parent_key, outbox, budget=self.budget)
+        except Exception:  # a relay failure must never fail a processed message
+            logger.exception("inline relay of %s failed; left to the sweeper", parent_key)
+            return
+        if report.failed or report.deferred:
+            logger.warning("inline relay of %s: %s; the rest is left to the sweeper",
+                           parent_key, report)
+
+    def relay(self, parent_key: str, outbox: Sequence[Mapping[str, Any]],
+              budget: float | None = None) -> RelayReport:
+        """Publish the PENDING entries of one parent's outbox, within ``budget`` seconds."""
+        entries = [OutboxEntry(parent_key, index, entry) for index, entry in enumerate(outbox)
+                   if entry.get("status") == Status.PENDING]
+        return self.relay_entries(entries, budget)
+
+    def relay_entries(self, entries: Sequence[OutboxEntry],
+                      budget: float | None = None) -> RelayReport:
+        """Publish ``entries``, within ``budget`` seconds; the rest are deferred."""
+        deadline = None if budget is None else self._monotonic() + budget
+        report = RelayReport()
+        for entry in entries:
+            if deadline is not None and self._monotonic() >= deadline:
+                report.deferred += 1
+                continue
+            report.add(self._relay_entry(entry, deadline))
+        return report
+
+    def sweep(self, grace: timedelta) -> RelayReport:
+        """Relay every outbox entry PENDING for longer than ``grace``; one pass."""
+        return self.relay_entries(list(self.store.pending_outbox(self.now() - grace)))
+
+    def _relay_entry(self, entry: OutboxEntry, deadline: float | None) -> RelayReport:
+        attempt = self._publish(entry.entry, deadline)
+        if attempt.error is not None:
+            logger.warning("child %s of %s not published after %d tries: %s",
+                           entry.key, entry.parent_key, attempt.tries, attempt.error)
+            self.store.mark_publish_failed(entry, self.now(),
+                                           error_document(attempt.error, "transient"),
+                                           attempt.tries)
+            return RelayReport(failed=1)
+        if not self.store.mark_published(entry, self.now(), attempt.message_id, attempt.tries):
+            logger.info("child %s of %s was already marked published", entry.key,
+                        entry.parent_key)
+        return RelayReport(published=1)
+
+    def _publish(self, entry: Mapping[str, Any], deadline: float | None) -> _Attempt:
+        """Publish one entry, retrying with backoff while tries and budget last."""
+        retry = 0
+        while True:
+            try:
+                return _Attempt(message_id=self._publish_once(entry, deadline),
+                                tries=retry + 1)
+            except PublishError as exc:
+                retry += 1
+                if not self._wait_for_retry(retry, deadline):
+                    return _Attempt(tries=retry, error=exc)
+            except EventBusError as exc:  # a corrupted entry: no retry can succeed
+                return _Attempt(tries=retry, error=exc)
+
+    def _publish_once(self, entry: Mapping[str, Any], deadline: float | None) -> str:
+        data, attributes = outbox_message(entry)
+        return self.publisher.publish_message(data, attributes,
+                                              ordering_key=entry.get("ordering_key") or None,
+                                              timeout=self._remaining(deadline))
+
+    def _wait_for_retry(self, retry: int, deadline: float | None) -> bool:
+        """Sleep before retry ``retry``; False when no try or no budget is left."""
+        if retry >= self.backoff.tries:
+            return False
+        delay = self.backoff.delay(retry, self._jitter())
+        if deadline is not None and self._monotonic() + delay >= deadline:
+            return False
+        self._sleep(delay)
+        return True
+
+    def _remaining(self, deadline: float | None) -> float | None:
+        return None if deadline is None else max(deadline - self._monotonic(), 0.001)
+
+
+def outbox_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
+    """Return the message data and attributes of an outbox entry, serialised once.
+
+    Raise ``InvalidEvent`` for an entry that lost the fields every entry gets.
+    """
+    try:
+        body = {name: entry[name] for name in _EVENT_FIELDS}
+        key = str(entry["idempotency_key"])
+    except KeyError as exc:
+        raise InvalidEvent(f"outbox entry has no {exc}") from None
+    links = {name: str(entry[name]) for name in CASCADE_LINKS if entry.get(name)}
+    data = canonical_json(body).encode()
+    return data, message_attributes(body["event_type"], body["event_version"], key, links)

@@ -1,0 +1,133 @@
+"""The publisher API other services use to put events on the bus.
+
+    from eventbus import publish
+    publish("OR_MGMT", {"orderId": 1, ...},
+            entity={"partnerId": "p1", "entity_id": "order-1", "entity_type": "Order"},
+            version="v2", ordering_key="order-1")
+
+The message is built by ``eventbus.pubsub.message`` (validated with the
+receiver's own rules). With ``PUBSUB_EMULATOR_HOST`` set, google-cloud-pubsub
+talks to the emulator. Needs only google-cloud-pubsub: no Flask, no pymongo.
+
+``publish()`` builds a publisher for the call; a service that publishes
+often keeps one ``Publisher`` and calls its ``publish`` method.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from google.cloud import pubsub_v1
+
+from eventbus.model.errors import PublishError
+from eventbus.model.event import Event
+from eventbus.pubsub.message import Entity, MessagePublisher, build_event, build_message
+from eventbus.settings import Settings
+
+
+class Publisher:
+    """Publishes events to one topic through google-cloud-pubsub."""
+
+    def __init__(self, project_id: str, topic: str,
+                 client: pubsub_v1.PublisherClient | None = None,
+                 timeout: float = 30.0) -> None:
+        options = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+        self.client = client or pubsub_v1.PublisherClient(publisher_options=options)
+        self.topic_path = self.client.topic_path(project_id, topic)
+        self.timeout = timeout
+
+    @classmethod
+    def from_settings(cls, settings: Settings, timeout: float = 30.0) -> Publisher:
+        """Return a publisher for the settings' project and topic."""
+        return cls(settings.project_id, settings.topic, timeout=timeout)
+
+    def close(self) -> None:
+        """Send what is batched and release the client's resources."""
+        self.client.stop()
+
+    def publish(self, event_type: str, data: Mapping[str, Any], *, entity: Entity,
+                idempotency_key: str | None = None, ordering_key: str | None = None,
+                version: str = "v1", direction: str = "IN",
+                attributes: Mapping[str, str] | None = None) -> str:
+        """Validate and publish one event; return its Pub/Sub message id."""
+        event = build_event(event_type, data, entity=entity, version=version, direction=direction)
+        return self.publish_event(event, key=idempotency_key, ordering_key=ordering_key,
+                                  attributes=attributes)
+
+    def publish_event(self, event: Event, *, key: str | None = None,
+                      ordering_key: str | None = None,
+                      attributes: Mapping[str, str] | None = None,
+                      timeout: float | None = None) -> str:
+        """Publish an already validated event; return its message id.
+
+        Waits at most ``timeout`` seconds (default ``self.timeout``). A timed-out
+        message may still be sent later by the client: callers retry, and the
+        receiver deduplicates on the idempotency key.
+        """
+        data, attrs = build_message(event, key=key, extra=attributes)
+        return self.publish_message(data, attrs, ordering_key=ordering_key, timeout=timeout)
+
+    def publish_message(self, data: bytes, attributes: Mapping[str, str] | None = None, *,
+                        ordering_key: str | None = None, timeout: float | None = None) -> str:
+        """Publish ``data`` as it is, unchecked (relayed children, demos of invalid payloads)."""
+        try:
+            future = self.client.publish(self.topic_path, data, ordering_key=ordering_key or "",
+                                         **(attributes or {}))
+            return str(future.result(timeout=self.timeout if timeout is None else timeout))
+        except Exception as exc:  # the client raises many types; all mean "not published"
+            if ordering_key:
+                # A failed ordered publish pauses the key until it is resumed.
+                self.client.resume_publish(self.topic_path, ordering_key)
+            raise PublishError(f"publish to {self.topic_path} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+
+class LazyPublisher:
+    """A ``MessagePublisher`` that builds the real one on first use.
+
+    The service starts even where no Pub/Sub credentials can be found (tests,
+    a misconfigured deploy): a publisher that cannot be built fails the
+    publish, which the relay leaves to the sweeper, instead of the start-up.
+    """
+
+    def __init__(self, factory: Callable[[], MessagePublisher]) -> None:
+        self._factory = factory
+        self._publisher: MessagePublisher | None = None
+        self._lock = threading.Lock()
+
+    def publish_message(self, data: bytes, attributes: Mapping[str, str], *,
+                        ordering_key: str | None = None, timeout: float | None = None) -> str:
+        """Publish through the real publisher, building it first if needed."""
+        return self._get().publish_message(data, attributes, ordering_key=ordering_key,
+                                           timeout=timeout)
+
+    def _get(self) -> MessagePublisher:
+        with self._lock:
+            if self._publisher is None:
+                try:
+                    self._publisher = self._factory()
+                except Exception as exc:  # credentials, bad project: not published
+                    raise PublishError(f"cannot build the publisher: {exc}") from exc
+            return self._publisher
+
+
+def publish(event_type: str, data: Mapping[str, Any], *, entity: Entity,
+            idempotency_key: str | None = None, ordering_key: str | None = None,
+            version: str = "v1", direction: str = "IN",
+            settings: Settings | None = None) -> str:
+    """Publish one event to the settings' topic; return the message id.
+
+    Raise ``InvalidEvent`` (nothing sent) for an event the receiver would
+    reject, ``PublishError`` when Pub/Sub did not take it: retry with the same
+    ``idempotency_key`` and the receiver processes it once. Builds a client
+    for the call (no process-wide publisher); keep a ``Publisher`` to send many.
+    """
+    publisher = Publisher.from_settings(settings or Settings.from_env())
+    try:
+        return publisher.publish(event_type, data, entity=entity,
+                                 idempotency_key=idempotency_key, ordering_key=ordering_key,
+                                 version=version, direction=direction)
+    finally:
+        publisher.close()

@@ -1,0 +1,146 @@
+"""The store protocol: the few primitives every layer above storage may use.
+
+Modelled on Powertools idempotency's ``BasePersistenceLayer``: the state
+machine (``eventbus.processor``), the outbox relay, the side-effect guard and
+the operator commands are written once above these primitives, and
+``MongoEventStore`` and ``MemoryEventStore`` implement them. The contract
+suite (``tests/contract``) runs against both, so they cannot drift.
+
+Two error rules hold for every primitive of every implementation:
+
+* a conflict that matters to the caller is ``AlreadyExists(record)`` (or
+  ``LeaseHeld(record)`` for the guard), carrying the stored record so no
+  second read is needed;
+* a failure to reach the store is ``StoreUnavailable``, transient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+Record = dict[str, Any]
+"""A stored document, as the seed schema names its fields."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A claim taken on a record: this worker now holds its lease."""
+
+    attempt: int
+    """1-based number of the attempt taken now."""
+    owner: str
+    """Random lease token of this claim; finishing needs it."""
+    previous: Mapping[str, Any] | None
+    """The record as it was before the claim; None when the record is new."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxEntry:
+    """One child waiting in its parent's outbox, addressed by the parent and its index."""
+
+    parent_key: str
+    index: int
+    entry: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        """The child's idempotency key."""
+        return str(self.entry.get("idempotency_key"))
+
+
+class EventStore(Protocol):
+    """The primitives on stored events, their outboxes, and guarded side effects."""
+
+    @property
+    def lease(self) -> timedelta:
+        """How long a claim holds its record before another worker may take it."""
+        ...
+
+    @property
+    def database(self) -> Any:
+        """The database handlers use for their own effects (None when there is none)."""
+        ...
+
+    def ensure_indexes(self) -> None:
+        """Prepare the store (indexes); a no-op when it is ready."""
+        ...
+
+    # -- the idempotency state machine -------------------------------------------------
+    def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
+        """Take the lease on ``key``, or raise ``AlreadyExists`` with the unchanged record."""
+        ...
+
+    def succeed(self, key: str, owner: str, now: datetime,
+                outbox: Sequence[Mapping[str, Any]] = ()) -> bool:
+        """Mark ``key`` SUCCESS with its children; False if ``owner`` lost the lease."""
+        ...
+
+    def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
+             retryable: bool) -> bool:
+        """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease."""
+        ...
+
+    def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
+               error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
+        """Store ``key`` FAILED for good unless it exists; True if this call inserted it."""
+        ...
+
+    def get(self, key: str) -> Record | None:
+        """Return the record of ``key``, or None."""
+        ...
+
+    # -- the outbox ---------------------------------------------------------------------
+    def pending_outbox(self, cutoff: datetime) -> Iterator[OutboxEntry]:
+        """Yield every outbox entry PENDING since ``cutoff`` or before."""
+        ...
+
+    def mark_published(self, entry: OutboxEntry, now: datetime, message_id: str,
+                       tries: int) -> bool:
+        """Mark ``entry`` PUBLISHED; False if it was no longer PENDING."""
+        ...
+
+    def mark_publish_failed(self, entry: OutboxEntry, now: datetime,
+                            error: Mapping[str, Any], tries: int) -> None:
+        """Record failed publish tries on ``entry``, which stays PENDING."""
+        ...
+
+    # -- the side-effect guard ----------------------------------------------------------
+    def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
+        """Lease side effect ``key``: None when taken now, its record when already SUCCESS.
+
+        Raise ``LeaseHeld`` when another owner holds a live lease.
+        """
+        ...
+
+    def guard_finish(self, key: str, owner: str, now: datetime, *, succeeded: bool,
+                     result: Mapping[str, Any]) -> bool:
+        """Store how the effect ended (SUCCESS with its result, or FAILED with the error).
+
+        A success is stored even if the lease was lost (the effect happened);
+        a failure only releases ``owner``'s lease. False when nothing matched.
+        """
+        ...
+
+    def guard_get(self, key: str) -> Record | None:
+        """Return the guard record of side effect ``key``, or None."""
+        ...
+
+    # -- operator queries ---------------------------------------------------------------
+    def summaries(self, roots: Collection[str] | None = None) -> list[Record]:
+        """Return the summary fields of every event, or of the cascades from ``roots``.
+
+        Summary fields: key, type, status, retryable, error, outbox keys,
+        ``root_key``.
+        """
+        ...
+
+    def get_many(self, keys: Collection[str]) -> list[Record]:
+        """Return the records of ``keys`` that exist."""
+        ...
+
+    def reset(self) -> None:
+        """Empty the store's whole database (local demo databases only)."""
+        ...

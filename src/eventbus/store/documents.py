@@ -1,0 +1,387 @@
+"""Pure functions that build ``partner_events`` documents, filters and updates.
+
+Nothing here talks to MongoDB: ``eventbus.store.mongo`` sends what these functions
+build, and the unit tests check them without a server. Times follow seed 002:
+``created`` and ``lastUpdatedTime`` are epoch-millisecond *strings*,
+``expire_at`` and ``lease_until`` are BSON dates.
+
+The claim rule exists twice, once as an aggregation expression that the
+server evaluates inside the claim's single round trip, and once in Python
+(``claimable``) to read the before-image the server returns. The store tests
+check that the two agree on generated documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from eventbus.model.delivery import Delivery
+from eventbus.model.errors import InvalidEvent
+from eventbus.model.event import DIRECTIONS, Event, json_object
+from eventbus.model.status import Status
+
+PENDING, PROCESSING, SUCCESS, FAILED = (Status.PENDING.value, Status.PROCESSING.value,
+                                        Status.SUCCESS.value, Status.FAILED.value)
+PUBLISHED = Status.PUBLISHED.value
+STATUSES = (PENDING, PROCESSING, SUCCESS, FAILED)
+
+UNKNOWN_TYPE = "UNKNOWN"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_ERROR_MESSAGE = 2000
+# Salvaged strings from a payload that failed validation are capped like
+# validated ids are, so a hostile payload cannot bloat the indexed fields.
+_SALVAGE_MAX = 256
+_MILLISECOND = timedelta(milliseconds=1)
+# Scratch fields that live only inside the claim pipeline; the last stage removes them.
+_NEW = "__eventbus_new"
+_TAKE = "__eventbus_take"
+
+
+def bson_time(moment: datetime) -> datetime:
+    """Return ``moment`` as BSON stores it: UTC, aware, truncated to the millisecond.
+
+    Comparing in Python at a finer grain than the server would let the two
+    halves of the claim rule disagree. A naive datetime is taken as UTC, as
+    pymongo does.
+    """
+    aware = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return aware.replace(microsecond=aware.microsecond // 1000 * 1000)
+
+
+def epoch_ms(moment: datetime) -> str:
+    """Return ``moment`` as seed 002 stores times: epoch milliseconds as a string."""
+    return str((bson_time(moment) - EPOCH) // _MILLISECOND)
+
+
+def event_day_id(moment: datetime) -> int:
+    """Return the seed's partition day: whole days since the epoch (UTC)."""
+    return (bson_time(moment) - EPOCH).days
+
+
+def expire_at(created: datetime, retention: timedelta) -> datetime:
+    """Return when the TTL index removes a record created at ``created``."""
+    return bson_time(bson_time(created) + retention)
+
+
+def event_fields(event: Event | None, delivery: Delivery, *,
+                 parent_key: str = "", root_key: str = "") -> dict[str, Any]:
+    """Return the seed fields stored when the event's record is inserted.
+
+    ``event`` is None when the payload could not be validated; the fields are
+    then salvaged from the attributes and whatever the payload holds, so a
+    rejected event still shows up in its partner's history when it can.
+    """
+    fields = (event.to_document() if event is not None else _salvaged(delivery))
+    fields["pubsub"] = delivery.pubsub_document()
+    if parent_key:
+        fields["parent_key"] = parent_key
+    if root_key:
+        fields["root_key"] = root_key
+    return fields
+
+
+def _salvaged(delivery: Delivery) -> dict[str, Any]:
+    try:
+        body = json_object(delivery.data)
+    except InvalidEvent:
+        body = {}
+    attrs = delivery.attributes
+    meta = body.get("entity_metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    direction = body.get("event_direction")
+    return {
+        "event_type": _first_text(attrs.get("event_type"), body.get("event_type")) or UNKNOWN_TYPE,
+        "event_version": _first_text(attrs.get("event_version"), body.get("event_version")),
+        "event_direction": direction if direction in DIRECTIONS else "IN",
+        "entity_metadata": {name: _first_text(meta.get(name))
+                            for name in ("partnerId", "partnerName", "entity_id", "entity_type")},
+        "entity_data": {},
+    }
+
+
+def _first_text(*candidates: Any) -> str:
+    for value in candidates:
+        if isinstance(value, str) and value.strip():
+            return value[:_SALVAGE_MAX]
+    return ""
+
+
+def error_document(exc: BaseException, classification: str) -> dict[str, Any]:
+    """Return the ``error`` subdocument stored on FAILED: type, message, classification."""
+    return {"type": type(exc).__name__, "message": str(exc)[:MAX_ERROR_MESSAGE],
+            "classification": classification}
+
+
+def insert_fields(fields: Mapping[str, Any], now: datetime, *, created_by: str,
+                  retention: timedelta) -> dict[str, Any]:
+    """Return every field a new record gets once: the seed fields plus the audit fields.
+
+    The audit fields are written last so ``fields`` can never override them.
+    """
+    return {**fields, "created": epoch_ms(now), "createdBy": created_by,
+            "expire_at": expire_at(now, retention), "event_day_id": event_day_id(now)}
+
+
+def claimable(previous: Mapping[str, Any] | None, now: datetime) -> bool:
+    """Return True when a record in state ``previous`` may be claimed at ``now``.
+
+    Mirrors ``claim_pipeline``'s ``_take_expression``; change both together.
+    """
+    if previous is None:
+        return True
+    status = previous.get("event_status")
+    if status is None or status in ("", PENDING):
+        return True
+    if status == FAILED:
+        return previous.get("retryable") is True
+    if status == PROCESSING:
+        return _lease_expired(previous.get("lease_until"), now)
+    return False
+
+
+def _lease_expired(lease_until: Any, now: datetime) -> bool:
+    # The server treats a missing lease as the epoch; a PROCESSING record
+    # without a lease could otherwise never be taken again.
+    if not isinstance(lease_until, datetime):
+        return True
+    return bson_time(lease_until) < bson_time(now)
+
+
+def next_attempt(previous: Mapping[str, Any] | None) -> int:
+    """Return the number of the attempt a claim on ``previous`` takes (1-based)."""
+    attempts = (previous or {}).get("attempts")
+    taken = attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0
+    return taken + 1
+
+
+def claim_pipeline(fields: Mapping[str, Any], now: datetime, *, owner: str, lease: timedelta,
+                   created_by: str, retention: timedelta) -> list[dict[str, Any]]:
+    """Return the update pipeline of the claim's ``find_one_and_update``.
+
+    Stage one decides, on the document as it was, whether it is new and
+    whether it is taken; stage two rewrites each field only when taken (a
+    record not taken keeps every field as it was); stage three drops the
+    scratch decisions.
+    """
+    new = {"$eq": [{"$ifNull": ["$event_status", ""]}, ""]}
+    decide = {"$set": {_NEW: new, _TAKE: _take_expression(now)}}
+    on_insert = {name: _when(_NEW, {"$literal": value}, name)
+                 for name, value in insert_fields(fields, now, created_by=created_by,
+                                                  retention=retention).items()}
+    taken = {name: _when(_TAKE, value, name)
+             for name, value in _taken_fields(fields, now, owner, lease).items()}
+    return [decide, {"$set": {**on_insert, **taken}}, {"$unset": [_NEW, _TAKE]}]
+
+
+def _take_expression(now: datetime) -> dict[str, Any]:
+    status = {"$ifNull": ["$event_status", ""]}
+    return {"$or": [
+        {"$in": [status, ["", PENDING]]},
+        {"$and": [{"$eq": [status, FAILED]}, {"$eq": ["$retryable", True]}]},
+        {"$and": [{"$eq": [status, PROCESSING]},
+                  {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, bson_time(now)]}]},
+    ]}
+
+
+def _when(flag: str, value: Any, name: str) -> dict[str, Any]:
+    return {"$cond": [f"${flag}", value, f"${name}"]}
+
+
+def _taken_fields(fields: Mapping[str, Any], now: datetime, owner: str,
+                  lease: timedelta) -> dict[str, Any]:
+    attempt = {"$add": [{"$ifNull": ["$attempts", 0]}, 1]}
+    return {
+        "event_status": PROCESSING,
+        "lease_until": bson_time(bson_time(now) + lease),
+        "lease_owner": owner,
+        "attempts": attempt,
+        "lastUpdatedTime": epoch_ms(now),
+        "pubsub": {"$literal": fields.get("pubsub", {})},
+        "entity_metadata": _metadata_with_attempt(fields, attempt, epoch_ms(now)),
+        # retryable and error describe a FAILED record only.
+        "retryable": "$$REMOVE",
+        "error": "$$REMOVE",
+    }
+
+
+def _metadata_with_attempt(fields: Mapping[str, Any], attempt: Mapping[str, Any],
+                           stamp: str) -> dict[str, Any]:
+    seed = {key: value for key, value in fields.get("entity_metadata", {}).items()
+            if key != "resilienceAttemptCount"}
+    base = {"$cond": [f"${_NEW}", {"$literal": seed}, "$entity_metadata"]}
+    earlier = {"$cond": [f"${_NEW}", {},
+                         {"$ifNull": ["$entity_metadata.resilienceAttemptCount", {}]}]}
+    entry = {"$arrayToObject": [[{"k": {"$toString": attempt}, "v": stamp}]]}
+    return {"$mergeObjects": [base, {"resilienceAttemptCount": {"$mergeObjects": [earlier,
+                                                                                  entry]}}]}
+
+
+def key_filter(key: str) -> dict[str, Any]:
+    """Return the filter that finds the record of ``key``."""
+    return {"idempotency_key": key}
+
+
+def owner_filter(key: str, owner: str) -> dict[str, Any]:
+    """Return the filter that matches ``key`` only while ``owner`` still holds its lease."""
+    return {"idempotency_key": key, "lease_owner": owner, "event_status": PROCESSING}
+
+
+def succeed_update(now: datetime, outbox: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Return the update that marks a claimed record SUCCESS, with its children if any."""
+    done: dict[str, Any] = {"event_status": SUCCESS, "lastUpdatedTime": epoch_ms(now)}
+    if outbox:
+        done["outbox"] = [dict(child) for child in outbox]
+    return {"$set": done, "$unset": {"lease_until": "", "lease_owner": ""}}
+
+
+def fail_update(now: datetime, error: Mapping[str, Any], *, retryable: bool) -> dict[str, Any]:
+    """Return the update that marks a claimed record FAILED, retryable or for good."""
+    return {"$set": {"event_status": FAILED, "retryable": retryable, "error": dict(error),
+                     "lastUpdatedTime": epoch_ms(now)},
+            "$unset": {"lease_until": "", "lease_owner": ""}}
+
+
+def reject_update(fields: Mapping[str, Any], now: datetime, error: Mapping[str, Any], *,
+                  created_by: str, retention: timedelta,
+                  raw_payload: str | None = None) -> dict[str, Any]:
+    """Return the upsert that stores a rejected event as FAILED for good.
+
+    Only ``$setOnInsert``: an existing record, whatever its state, is never
+    changed. No claim was taken, so ``attempts`` is 0 and the attempt map is empty.
+    """
+    record = insert_fields(fields, now, created_by=created_by, retention=retention)
+    record["entity_metadata"] = {**fields.get("entity_metadata", {}),
+                                 "resilienceAttemptCount": {}}
+    record.update(event_status=FAILED, retryable=False, error=dict(error), attempts=0,
+                  lastUpdatedTime=epoch_ms(now))
+    if raw_payload is not None:
+        record["raw_payload"] = raw_payload
+    return {"$setOnInsert": record}
+
+
+# -- the outbox -----------------------------------------------------------------------------
+
+def pending_filter(cutoff: datetime) -> dict[str, Any]:
+    """Return the filter of documents with an outbox entry PENDING since ``cutoff`` or before.
+
+    The plain ``outbox.status`` term lets the server use its index; the
+    ``$elemMatch`` makes both conditions hold for the same entry.
+    """
+    return {"outbox.status": PENDING,
+            "outbox": {"$elemMatch": {"status": PENDING, "created_at": {"$lte": cutoff}}}}
+
+
+def entry_pending(entry: Mapping[str, Any], cutoff: datetime) -> bool:
+    """Return True when an outbox entry is PENDING since ``cutoff`` or before."""
+    created = entry.get("created_at")
+    return (entry.get("status") == PENDING and isinstance(created, datetime)
+            and bson_time(created) <= bson_time(cutoff))
+
+
+def entry_filter(parent_key: str, index: int, child_key: str) -> dict[str, Any]:
+    """Return the filter that matches entry ``index`` only while it is still PENDING.
+
+    The outbox is written once with SUCCESS and never reordered, so an index
+    names one entry for good; the key check guards against a rewritten document.
+    """
+    return {"idempotency_key": parent_key, f"outbox.{index}.idempotency_key": child_key,
+            f"outbox.{index}.status": PENDING}
+
+
+def published_fields(now: datetime, message_id: str) -> dict[str, Any]:
+    """Return the fields an outbox entry gets when it is published."""
+    return {"status": PUBLISHED, "published_at": bson_time(now), "messageId": message_id}
+
+
+def publish_failed_fields(now: datetime, error: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the fields an outbox entry gets when publishing it failed (it stays PENDING)."""
+    return {"last_error": dict(error), "last_attempt_at": bson_time(now)}
+
+
+def published_update(index: int, now: datetime, message_id: str, tries: int) -> dict[str, Any]:
+    """Return the update that marks entry ``index`` PUBLISHED."""
+    entry = f"outbox.{index}"
+    return {"$set": {f"{entry}.{name}": value
+                     for name, value in published_fields(now, message_id).items()},
+            "$inc": {f"{entry}.publish_attempts": tries},
+            "$unset": {f"{entry}.last_error": ""}}
+
+
+def failed_update(index: int, now: datetime, error: Mapping[str, Any],
+                  tries: int) -> dict[str, Any]:
+    """Return the update that records failed tries on entry ``index``, which stays PENDING."""
+    entry = f"outbox.{index}"
+    return {"$set": {f"{entry}.{name}": value
+                     for name, value in publish_failed_fields(now, error).items()},
+            "$inc": {f"{entry}.publish_attempts": tries}}
+
+
+# -- guarded side effects -------------------------------------------------------------------
+
+def guard_take_filter(key: str, now: datetime) -> dict[str, Any]:
+    """Return the filter that matches side effect ``key`` only when it may be leased at ``now``."""
+    return {"_id": key, "status": {"$ne": SUCCESS},
+            "$or": [{"lease_until": {"$exists": False}}, {"lease_until": {"$lt": bson_time(now)}}]}
+
+
+def guard_takeable(record: Mapping[str, Any] | None, now: datetime) -> bool:
+    """Return True when a guard record may be leased at ``now`` (``guard_take_filter``)."""
+    if record is None:
+        return True
+    if record.get("status") == SUCCESS:
+        return False
+    return _lease_expired(record.get("lease_until"), now)
+
+
+def guard_take_update(now: datetime, owner: str, lease: timedelta) -> dict[str, Any]:
+    """Return the upsert that takes a side effect's lease (and creates its record once)."""
+    moment = bson_time(now)
+    return {"$set": {"status": PROCESSING, "lease_owner": owner,
+                     "lease_until": bson_time(moment + lease), "updated_at": moment},
+            "$inc": {"attempts": 1},
+            "$setOnInsert": {"created_at": moment}}
+
+
+def guard_owner_filter(key: str, owner: str, succeeded: bool) -> dict[str, Any]:
+    """Return the filter of ``guard_finish``.
+
+    A success is stored whoever holds the lease now: the effect happened, and
+    the key must be set for good. A failure only releases the caller's own lease.
+    """
+    return {"_id": key} if succeeded else {"_id": key, "lease_owner": owner}
+
+
+def guard_finish_update(now: datetime, *, succeeded: bool,
+                        result: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the update that ends a lease: SUCCESS with the result, or FAILED with the error."""
+    moment = bson_time(now)
+    done: dict[str, Any] = {"status": SUCCESS if succeeded else FAILED, "updated_at": moment,
+                            **({"result": dict(result)} if succeeded else {"error": dict(result)})}
+    if succeeded:
+        done["done_at"] = moment
+    return {"$set": done, "$unset": {"lease_until": "", "lease_owner": "",
+                                     **({"error": ""} if succeeded else {})}}
+
+
+# -- operator queries -----------------------------------------------------------------------
+
+SUMMARY_FIELDS = ("idempotency_key", "event_type", "event_status", "retryable", "error",
+                  "outbox", "root_key")
+"""What ``summaries`` returns of each event (of ``outbox``, only the child keys)."""
+
+
+def cascade_filter(roots: Sequence[str]) -> dict[str, Any]:
+    """Return the filter of the events whose key or root key is one of ``roots``."""
+    ordered = sorted(roots)
+    return {"$or": [{"idempotency_key": {"$in": ordered}}, {"root_key": {"$in": ordered}}]}
+
+
+def summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the summary fields of ``record``; the outbox keeps only its child keys."""
+    kept = {name: record[name] for name in SUMMARY_FIELDS if name in record}
+    if "outbox" in kept:
+        kept["outbox"] = [{"idempotency_key": child.get("idempotency_key")}
+                          for child in kept["outbox"]]
+    return kept

@@ -1,0 +1,220 @@
+"""An in-memory implementation of the store protocol, for tests and local development.
+
+It keeps the same documents as ``MongoEventStore`` (built by the same
+``eventbus.store.documents`` functions) in a dict behind one lock, and
+applies the same rules in Python; the contract suite runs against both.
+Records are copied in and out, so a caller can never change a stored
+record by accident. No server, no pymongo.
+
+``database`` is whatever the caller gives for handlers' own effects: None
+by default, or a ``mongomock`` database in tests of handlers that keep
+projections.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import uuid
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from eventbus.model.errors import AlreadyExists, LeaseHeld
+from eventbus.store import documents
+from eventbus.store.base import Claim, OutboxEntry, Record
+
+
+class MemoryEventStore:
+    """The store primitives on a dict; safe to share between threads."""
+
+    def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",
+                 retention: timedelta = timedelta(days=30), database: Any = None) -> None:
+        self._events: dict[str, Record] = {}
+        self._guards: dict[str, Record] = {}
+        self._lock = threading.RLock()
+        self._lease, self._created_by, self._retention = lease, created_by, retention
+        self._database = database
+
+    @property
+    def lease(self) -> timedelta:
+        """How long a claim holds its record before another worker may take it."""
+        return self._lease
+
+    @property
+    def database(self) -> Any:
+        """The database handlers use for their own effects, as given (default None)."""
+        return self._database
+
+    def ensure_indexes(self) -> None:
+        """Nothing to prepare in memory."""
+
+    def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
+        """Take the lease on ``key``, or raise ``AlreadyExists`` with the unchanged record."""
+        now = documents.bson_time(now)
+        with self._lock:
+            previous = self._events.get(key)
+            if previous is not None and not documents.claimable(previous, now):
+                raise AlreadyExists(copy.deepcopy(previous))
+            owner = uuid.uuid4().hex
+            attempt = documents.next_attempt(previous)
+            self._events[key] = self._taken(key, previous, fields, now, owner, attempt)
+        return Claim(attempt=attempt, owner=owner, previous=copy.deepcopy(previous))
+
+    def _taken(self, key: str, previous: Record | None, fields: Mapping[str, Any],
+               now: datetime, owner: str, attempt: int) -> Record:
+        record = copy.deepcopy(previous) if previous is not None else self._inserted(key, fields,
+                                                                                  now)
+        record.pop("retryable", None)
+        record.pop("error", None)
+        stamp = documents.epoch_ms(now)
+        record["entity_metadata"].setdefault("resilienceAttemptCount", {})[str(attempt)] = stamp
+        record.update(event_status=documents.PROCESSING, lease_owner=owner, attempts=attempt,
+                      lease_until=documents.bson_time(now + self._lease), lastUpdatedTime=stamp,
+                      pubsub=copy.deepcopy(fields.get("pubsub", {})))
+        return record
+
+    def _inserted(self, key: str, fields: Mapping[str, Any], now: datetime) -> Record:
+        record = documents.insert_fields(copy.deepcopy(dict(fields)), now,
+                                         created_by=self._created_by, retention=self._retention)
+        record["idempotency_key"] = key
+        record["entity_metadata"] = {name: value for name, value
+                                     in record.get("entity_metadata", {}).items()
+                                     if name != "resilienceAttemptCount"}
+        return record
+
+    def succeed(self, key: str, owner: str, now: datetime,
+                outbox: Sequence[Mapping[str, Any]] = ()) -> bool:
+        """Mark ``key`` SUCCESS with its children; False if ``owner`` lost the lease."""
+        done: dict[str, Any] = {"event_status": documents.SUCCESS,
+                                "lastUpdatedTime": documents.epoch_ms(now)}
+        if outbox:
+            done["outbox"] = copy.deepcopy([dict(child) for child in outbox])
+        return self._finish(key, owner, done)
+
+    def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
+             retryable: bool) -> bool:
+        """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease."""
+        return self._finish(key, owner, {"event_status": documents.FAILED, "retryable": retryable,
+                                         "error": dict(error),
+                                         "lastUpdatedTime": documents.epoch_ms(now)})
+
+    def _finish(self, key: str, owner: str, fields: Mapping[str, Any]) -> bool:
+        with self._lock:
+            record = self._events.get(key)
+            if (record is None or record.get("lease_owner") != owner
+                    or record.get("event_status") != documents.PROCESSING):
+                return False
+            record.update(copy.deepcopy(dict(fields)))
+            record.pop("lease_until", None)
+            record.pop("lease_owner", None)
+        return True
+
+    def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
+               error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
+        """Store ``key`` FAILED for good unless it exists; True if this call inserted it."""
+        update = documents.reject_update(fields, now, error, created_by=self._created_by,
+                                         retention=self._retention, raw_payload=raw_payload)
+        with self._lock:
+            if key in self._events:
+                return False
+            self._events[key] = {**copy.deepcopy(update["$setOnInsert"]), "idempotency_key": key}
+        return True
+
+    def get(self, key: str) -> Record | None:
+        """Return a copy of the record of ``key``, or None."""
+        with self._lock:
+            return copy.deepcopy(self._events.get(key))
+
+    def pending_outbox(self, cutoff: datetime) -> Iterator[OutboxEntry]:
+        """Yield every outbox entry PENDING since ``cutoff`` or before."""
+        with self._lock:
+            found = [OutboxEntry(key, index, copy.deepcopy(entry))
+                     for key, record in self._events.items()
+                     for index, entry in enumerate(record.get("outbox", []))
+                     if documents.entry_pending(entry, cutoff)]
+        yield from found
+
+    def mark_published(self, entry: OutboxEntry, now: datetime, message_id: str,
+                       tries: int) -> bool:
+        """Mark ``entry`` PUBLISHED; False if it was no longer PENDING."""
+        with self._lock:
+            stored = self._pending_entry(entry)
+            if stored is None:
+                return False
+            stored.update(documents.published_fields(now, message_id))
+            stored["publish_attempts"] = stored.get("publish_attempts", 0) + tries
+            stored.pop("last_error", None)
+        return True
+
+    def mark_publish_failed(self, entry: OutboxEntry, now: datetime,
+                            error: Mapping[str, Any], tries: int) -> None:
+        """Record failed publish tries on ``entry``, which stays PENDING."""
+        with self._lock:
+            stored = self._pending_entry(entry)
+            if stored is not None:
+                stored.update(documents.publish_failed_fields(now, error))
+                stored["publish_attempts"] = stored.get("publish_attempts", 0) + tries
+
+    def _pending_entry(self, entry: OutboxEntry) -> dict[str, Any] | None:
+        outbox = self._events.get(entry.parent_key, {}).get("outbox", [])
+        if entry.index >= len(outbox):
+            return None
+        stored: dict[str, Any] = outbox[entry.index]
+        matches = (stored.get("idempotency_key") == entry.key
+                   and stored.get("status") == documents.PENDING)
+        return stored if matches else None
+
+    def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
+        """Lease side effect ``key``: None when taken now, its record when already SUCCESS."""
+        moment = documents.bson_time(now)
+        with self._lock:
+            record = self._guards.get(key)
+            if not documents.guard_takeable(record, moment):
+                assert record is not None  # a missing record is always takeable
+                if record.get("status") == documents.SUCCESS:
+                    return copy.deepcopy(record)
+                raise LeaseHeld({**copy.deepcopy(record), "idempotency_key": key})
+            taken: Record = record if record is not None else {"_id": key,
+                                                                "created_at": moment}
+            taken.update(status=documents.PROCESSING, lease_owner=owner, updated_at=moment,
+                         lease_until=documents.bson_time(moment + lease),
+                         attempts=int(taken.get("attempts", 0)) + 1)
+            self._guards[key] = taken
+        return None
+
+    def guard_finish(self, key: str, owner: str, now: datetime, *, succeeded: bool,
+                     result: Mapping[str, Any]) -> bool:
+        """Store how the effect ended; False when ``owner`` lost the lease meanwhile."""
+        update = documents.guard_finish_update(now, succeeded=succeeded, result=result)
+        with self._lock:
+            record = self._guards.get(key)
+            if record is None or not (succeeded or record.get("lease_owner") == owner):
+                return False
+            record.update(copy.deepcopy(update["$set"]))
+            for name in update["$unset"]:
+                record.pop(name, None)
+        return True
+
+    def guard_get(self, key: str) -> Record | None:
+        """Return a copy of the guard record of side effect ``key``, or None."""
+        with self._lock:
+            return copy.deepcopy(self._guards.get(key))
+
+    def summaries(self, roots: Collection[str] | None = None) -> list[Record]:
+        """Return the summary fields of every event, or of the cascades from ``roots``."""
+        with self._lock:
+            return [documents.summary(copy.deepcopy(record)) for key, record
+                    in self._events.items()
+                    if roots is None or key in roots or record.get("root_key") in roots]
+
+    def get_many(self, keys: Collection[str]) -> list[Record]:
+        """Return copies of the records of ``keys`` that exist."""
+        with self._lock:
+            return [copy.deepcopy(self._events[key]) for key in keys if key in self._events]
+
+    def reset(self) -> None:
+        """Forget every record."""
+        with self._lock:
+            self._events.clear()
+            self._guards.clear()

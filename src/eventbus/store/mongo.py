@@ -1,0 +1,273 @@
+"""The MongoDB implementation of the store protocol (``eventbus.store.base``).
+
+Plain pymongo behind ``MONGODB_URI``: any MongoDB works (Atlas, a replica
+set, a local ``mongod``, the project's local DocumentDB). Documents, filters
+and updates are built by ``eventbus.store.documents``; this module only
+sends them. Every pymongo failure becomes ``StoreUnavailable``, transient,
+with the original as ``__cause__``.
+
+Round trips: a new event costs two (``claim`` then ``succeed`` or ``fail``);
+a duplicate of a finished event costs one (``claim`` raising ``AlreadyExists``).
+Each store counts its own round trips (``round_trips``) on the client it made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Collection as Collection_
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, IndexModel, MongoClient, ReturnDocument
+from pymongo.collection import Collection
+from pymongo.database import Database
+from pymongo.errors import DuplicateKeyError, PyMongoError
+
+from eventbus.model.errors import AlreadyExists, LeaseHeld, StoreUnavailable
+from eventbus.settings import Settings
+from eventbus.store import documents
+from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.roundtrips import RoundTrips
+
+
+def _index(*keys: tuple[str, int], **options: Any) -> IndexModel:
+    # Named as MongoDB names them by default, so indexes created from the
+    # seed's createIndex() calls are recognised instead of conflicting.
+    name = "_".join(f"{field}_{direction}" for field, direction in keys)
+    return IndexModel(list(keys), name=name, **options)
+
+
+INDEXES = (
+    _index(("entity_metadata.partnerId", ASCENDING), ("created", DESCENDING)),
+    _index(("event_status", ASCENDING), ("event_type", ASCENDING)),
+    _index(("expire_at", ASCENDING), expireAfterSeconds=0),
+    _index(("entity_metadata.entity_id", ASCENDING), ("entity_metadata.entity_type", ASCENDING)),
+    _index(("idempotency_key", ASCENDING), unique=True),
+    _index(("outbox.status", ASCENDING)),
+)
+"""The collection's indexes: seed 002's four, the unique key, and the relay's outbox sweep."""
+OUTBOX_INDEX = "outbox.status_1"
+"""The outbox sweep's index, one of ``INDEXES``."""
+
+
+@contextlib.contextmanager
+def _unavailable(action: str, key: str) -> Iterator[None]:
+    """Turn any pymongo failure inside the block into ``StoreUnavailable``."""
+    try:
+        yield
+    except PyMongoError as exc:
+        raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+class MongoEventStore:
+    """The storage primitives of the idempotency state machine, on one collection."""
+
+    def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,
+                 lease: timedelta, guard_collection: str = "side_effects",
+                 round_trips: RoundTrips | None = None) -> None:
+        self._collection = collection
+        self._guards: Collection = collection.database[guard_collection]
+        self._created_by = created_by
+        self._retention = retention
+        self._lease = lease
+        self.round_trips = round_trips or RoundTrips()
+        """Counts this store's commands, when the store made its client (``from_settings``)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings,
+                      client: MongoClient | None = None) -> MongoEventStore:
+        """Build the store from ``settings``, with a new client unless one is given.
+
+        A new client is tz-aware, times out after ``store_timeout_ms`` and
+        reports to the store's own ``round_trips``; a given client is used as it is.
+        """
+        counter = RoundTrips()
+        client = client if client is not None else _client(settings, counter)
+        collection = client[settings.mongodb_db][settings.collection]
+        return cls(collection, created_by=settings.service,
+                   retention=timedelta(days=settings.retention_days),
+                   lease=timedelta(seconds=settings.lease_seconds),
+                   guard_collection=settings.guard_collection, round_trips=counter)
+
+    @property
+    def database(self) -> Database:
+        """The collection's database, for handlers' own effects."""
+        return self._collection.database
+
+    @property
+    def collection(self) -> Collection:
+        """The event collection itself: for this package and tests that inspect documents."""
+        return self._collection
+
+    def close(self) -> None:
+        """Close the store's client."""
+        self._collection.database.client.close()
+
+    @property
+    def lease(self) -> timedelta:
+        """How long a claim holds its record before another worker may take it."""
+        return self._lease
+
+    def ensure_indexes(self) -> None:
+        """Create the collection's indexes; a no-op when they already exist."""
+        with _unavailable("create indexes on", self._collection.name):
+            self._collection.create_indexes(list(INDEXES))
+
+    def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
+        """Take the lease on ``key`` in one round trip, or raise ``AlreadyExists``.
+
+        A record is taken when it is new, PENDING, FAILED and retryable, or
+        PROCESSING under an expired lease. ``fields`` (``documents.event_fields``)
+        are stored only when the record is new. Otherwise ``AlreadyExists``
+        carries the record, which the claim left unchanged.
+        """
+        now = documents.bson_time(now)
+        owner = uuid.uuid4().hex
+        update = documents.claim_pipeline(fields, now, owner=owner, lease=self._lease,
+                                        created_by=self._created_by, retention=self._retention)
+        previous = self._take(key, update)
+        if previous is not None and not documents.claimable(previous, now):
+            raise AlreadyExists(previous)
+        return Claim(attempt=documents.next_attempt(previous), owner=owner, previous=previous)
+
+    def _take(self, key: str, update: list[dict[str, Any]]) -> Record | None:
+        with _unavailable("claim", key):
+            try:
+                return self._find_one_and_update(key, update)
+            except DuplicateKeyError:
+                # Two upserts of a new key raced and the other one inserted;
+                # the document exists now, so a second try reads it.
+                return self._find_one_and_update(key, update)
+
+    def _find_one_and_update(self, key: str, update: list[dict[str, Any]]) -> Record | None:
+        previous: Record | None = self._collection.find_one_and_update(
+            documents.key_filter(key), update, upsert=True,
+            return_document=ReturnDocument.BEFORE)
+        return previous
+
+    def succeed(self, key: str, owner: str, now: datetime,
+                outbox: Sequence[Mapping[str, Any]] = ()) -> bool:
+        """Mark ``key`` SUCCESS with its children; False if ``owner`` lost the lease."""
+        return self._finish(key, owner, documents.succeed_update(now, outbox), "succeed")
+
+    def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
+             retryable: bool) -> bool:
+        """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease."""
+        return self._finish(key, owner, documents.fail_update(now, error, retryable=retryable),
+                            "fail")
+
+    def _finish(self, key: str, owner: str, update: Mapping[str, Any], action: str) -> bool:
+        with _unavailable(action, key):
+            result = self._collection.update_one(documents.owner_filter(key, owner), update)
+        return result.matched_count == 1
+
+    def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
+               error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
+        """Store ``key`` as FAILED for good unless it exists; True if this call inserted it.
+
+        An existing record, whatever its state, is never changed.
+        """
+        update = documents.reject_update(fields, now, error, created_by=self._created_by,
+                                       retention=self._retention, raw_payload=raw_payload)
+        with _unavailable("reject", key):
+            try:
+                result = self._collection.update_one(documents.key_filter(key), update,
+                                                      upsert=True)
+            except DuplicateKeyError:
+                return False  # a concurrent upsert of the same key inserted it first
+        return result.upserted_id is not None
+
+    def get(self, key: str) -> Record | None:
+        """Return the record of ``key``, or None."""
+        with _unavailable("get", key):
+            record: Record | None = self._collection.find_one(documents.key_filter(key))
+        return record
+
+    def pending_outbox(self, cutoff: datetime) -> Iterator[OutboxEntry]:
+        """Yield every outbox entry PENDING since ``cutoff`` or before."""
+        with _unavailable("sweep", "outbox"):
+            cursor = self._collection.find(documents.pending_filter(documents.bson_time(cutoff)),
+                                           {"idempotency_key": 1, "outbox": 1})
+            # Pinned: without the index the sweep would scan every stored event.
+            parents = list(cursor.hint(OUTBOX_INDEX))
+        for parent in parents:
+            for index, entry in enumerate(parent.get("outbox", [])):
+                if documents.entry_pending(entry, cutoff):
+                    yield OutboxEntry(parent["idempotency_key"], index, entry)
+
+    def mark_published(self, entry: OutboxEntry, now: datetime, message_id: str,
+                       tries: int) -> bool:
+        """Mark ``entry`` PUBLISHED; False if it was no longer PENDING."""
+        update = documents.published_update(entry.index, now, message_id, tries)
+        with _unavailable("mark published", entry.key):
+            result = self._collection.update_one(self._entry(entry), update)
+        return result.matched_count == 1
+
+    def mark_publish_failed(self, entry: OutboxEntry, now: datetime,
+                            error: Mapping[str, Any], tries: int) -> None:
+        """Record failed publish tries on ``entry``, which stays PENDING."""
+        update = documents.failed_update(entry.index, now, error, tries)
+        with _unavailable("mark publish failed", entry.key):
+            self._collection.update_one(self._entry(entry), update)
+
+    @staticmethod
+    def _entry(entry: OutboxEntry) -> dict[str, Any]:
+        return documents.entry_filter(entry.parent_key, entry.index, entry.key)
+
+    def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
+        """Lease side effect ``key``: None when taken now, its record when already SUCCESS."""
+        update = documents.guard_take_update(now, owner, lease)
+        with _unavailable("lease", key):
+            try:
+                self._guards.update_one(documents.guard_take_filter(key, now), update, upsert=True)
+                return None
+            except DuplicateKeyError:
+                # The record exists and may not be leased now: done, or held elsewhere.
+                record: Record = self._guards.find_one({"_id": key}) or {"_id": key}
+        if record.get("status") == documents.SUCCESS:
+            return record
+        raise LeaseHeld({**record, "idempotency_key": key})
+
+    def guard_finish(self, key: str, owner: str, now: datetime, *, succeeded: bool,
+                     result: Mapping[str, Any]) -> bool:
+        """Store how the effect ended; False when ``owner`` lost the lease meanwhile."""
+        update = documents.guard_finish_update(now, succeeded=succeeded, result=result)
+        with _unavailable("finish", key):
+            done = self._guards.update_one(documents.guard_owner_filter(key, owner, succeeded),
+                                           update)
+        return done.matched_count == 1
+
+    def guard_get(self, key: str) -> Record | None:
+        """Return the guard record of side effect ``key``, or None."""
+        with _unavailable("get guard", key):
+            record: Record | None = self._guards.find_one({"_id": key})
+        return record
+
+    def summaries(self, roots: Collection_[str] | None = None) -> list[Record]:
+        """Return the summary fields of every event, or of the cascades from ``roots``."""
+        query = {} if roots is None else documents.cascade_filter(list(roots))
+        projection = {name: 1 for name in documents.SUMMARY_FIELDS if name != "outbox"}
+        projection["outbox.idempotency_key"] = 1
+        with _unavailable("summarise", "events"):
+            return [documents.summary(doc) for doc in self._collection.find(query, projection)]
+
+    def get_many(self, keys: Collection_[str]) -> list[Record]:
+        """Return the records of ``keys`` that exist."""
+        with _unavailable("get", "many"):
+            return list(self._collection.find({"idempotency_key": {"$in": sorted(keys)}}))
+
+    def reset(self) -> None:
+        """Empty every collection of the store's database; indexes stay."""
+        database = self._collection.database
+        with _unavailable("reset", database.name):
+            for name in database.list_collection_names():
+                database[name].delete_many({})
+
+
+def _client(settings: Settings, counter: RoundTrips) -> MongoClient:
+    timeout = settings.store_timeout_ms
+    return MongoClient(settings.mongodb_uri, tz_aware=True, appname=settings.service,
+                       serverSelectionTimeoutMS=timeout, connectTimeoutMS=timeout,
+                       socketTimeoutMS=timeout, event_listeners=[counter])

@@ -1,0 +1,132 @@
+"""The Flask application factory, in the style of Flask's tutorial.
+
+``create_app(router, settings)`` wires store, router, clock, publisher,
+authenticator and the inline outbox relay into one ``PushService``. The
+application owns its router; nothing is global. Tests pass their own
+store (``MemoryEventStore``), clock, publisher and ``after_success`` hook.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import flask
+from werkzeug.exceptions import HTTPException
+
+from eventbus.model.errors import Classifier
+from eventbus.model.router import Router
+from eventbus.outbox.relay import Relay
+from eventbus.processor import AfterSuccess, Clock, Processor
+from eventbus.pubsub.auth import Authenticator
+from eventbus.pubsub.message import MessagePublisher
+from eventbus.settings import Settings
+from eventbus.store.base import EventStore
+from eventbus.web import logs
+from eventbus.web.service import PushService
+
+PUSH_PATHS = ("/", "/push")
+
+
+def utcnow() -> dt.datetime:
+    """Return the current UTC time, timezone-aware: the default clock."""
+    return dt.datetime.now(dt.UTC)
+
+
+def default_store(settings: Settings) -> EventStore:
+    """Return the MongoDB store of ``settings`` (pymongo is imported only here)."""
+    from eventbus.store.mongo import MongoEventStore
+
+    return MongoEventStore.from_settings(settings)
+
+
+def default_publisher(settings: Settings) -> MessagePublisher:
+    """Return a publisher to the settings' topic, built on first use.
+
+    A service without Pub/Sub credentials still starts; its children wait
+    in the outbox for the sweeper.
+    """
+    from eventbus.pubsub.publisher import LazyPublisher, Publisher
+
+    return LazyPublisher(lambda: Publisher.from_settings(settings))
+
+
+def build_service(router: Router, settings: Settings, store: EventStore | None = None, *,
+                  now: Clock | None = None, publisher: MessagePublisher | None = None,
+                  after_success: AfterSuccess | None = None,
+                  classifier: Classifier | None = None) -> PushService:
+    """Wire one ``PushService`` from its parts; missing parts come from ``settings``.
+
+    ``after_success`` runs after each SUCCESS with children; when it is not
+    given, it is the inline relay on ``publisher``, unless ``settings.relay_inline``
+    is off.
+    """
+    store = store if store is not None else default_store(settings)
+    now = now or utcnow
+    if after_success is None and settings.relay_inline:
+        after_success = inline_relay(settings, store, now, publisher)
+    processor = Processor(store, router, settings, now, after_success=after_success,
+                          classifier=classifier)
+    authenticator = (Authenticator(settings.auth_audience, settings.auth_service_accounts)
+                     if settings.auth_enabled else None)
+    return PushService(settings, store, processor, authenticator)
+
+
+def inline_relay(settings: Settings, store: EventStore, now: Clock,
+                 publisher: MessagePublisher | None = None) -> Relay:
+    """Return the relay that publishes a parent's children before its push is acked.
+
+    It spends at most ``settings.relay_budget_seconds`` per message.
+    """
+    return Relay(store, publisher or default_publisher(settings), now=now,
+                 budget=settings.relay_budget_seconds)
+
+
+def create_app(router: Router, settings: Settings | None = None,
+               store: EventStore | None = None, *, now: Clock | None = None,
+               publisher: MessagePublisher | None = None,
+               after_success: AfterSuccess | None = None,
+               classifier: Classifier | None = None,
+               service: PushService | None = None) -> flask.Flask:
+    """Return the Flask app serving the push endpoint and health checks for ``router``."""
+    settings = settings or Settings.from_env()
+    logs.configure(settings.service, settings.log_level)
+    service = service or build_service(router, settings, store, now=now, publisher=publisher,
+                                       after_success=after_success, classifier=classifier)
+    service.ensure_indexes()
+    app = flask.Flask("eventbus")
+    app.extensions["eventbus"] = service
+    for path in PUSH_PATHS:
+        app.add_url_rule(path, view_func=lambda: service.handle(flask.request),
+                         methods=["POST"], endpoint=f"push{path}")
+    app.add_url_rule("/health", view_func=_health, methods=["GET"])
+    app.add_url_rule("/ready", view_func=lambda: _ready(service), methods=["GET"])
+    app.register_error_handler(HTTPException, _http_error)
+    return app
+
+
+def push_target(app: flask.Flask) -> Callable[[flask.Request], flask.Response]:
+    """Return a functions-framework HTTP target that behaves like ``app``'s push route."""
+    service: PushService = app.extensions["eventbus"]
+
+    def pubsub_push(request: flask.Request) -> flask.Response:
+        """Handle one Pub/Sub push (wrapped, unwrapped or CloudEvent)."""
+        return service.handle(request)
+
+    return pubsub_push
+
+
+def _health() -> tuple[dict[str, Any], int]:
+    return {"status": "ok"}, 200
+
+
+def _ready(service: PushService) -> tuple[dict[str, Any], int]:
+    ready = service.ensure_indexes()
+    return {"status": "ok" if ready else "store unavailable"}, 200 if ready else 503
+
+
+def _http_error(error: HTTPException) -> tuple[dict[str, Any], int]:
+    status = error.code or 500
+    return {"error": (error.name or "error").lower().replace(" ", "_"),
+            "message": error.description or ""}, status

@@ -1,0 +1,74 @@
+"""Structured JSON logs, one object per line, with Cloud Logging's ``severity``.
+
+Cloud Run and Cloud Functions parse JSON lines on stdout into structured
+entries, so ``severity`` sets the level and every other key is searchable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_SEVERITY = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object; ``extra`` fields become top-level keys."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return ``record`` as a JSON line."""
+        entry: dict[str, Any] = {
+            "severity": _SEVERITY.get(record.levelname, record.levelname),
+            "message": record.getMessage(), "logger": record.name, "service": self.service,
+            "timestamp": _iso(dt.datetime.fromtimestamp(record.created, dt.UTC)),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            entry["stack_trace"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(service: str, level: str = "INFO", stream: TextIO | None = None,
+              loggers: tuple[str, ...] = ("eventbus",)) -> None:
+    """Send ``loggers`` (and their children) to ``stream`` as JSON lines, once.
+
+    Handlers log through ``context.log``, a child of ``eventbus``; an
+    application adds its own loggers' names here.
+    """
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(JsonFormatter(service))
+    for name in loggers:
+        log = logging.getLogger(name)
+        log.handlers = [handler]
+        log.setLevel(level.upper())
+        log.propagate = False
+
+
+def severity_for(status: int, outcome: str = "") -> int:
+    """Return the level of a request line: ERROR for a stored failure, WARNING for a nack."""
+    if outcome == "rejected" or (status >= 500 and outcome == ""):
+        return logging.ERROR
+    if status >= 300:
+        return logging.WARNING
+    return logging.INFO
+
+
+def request_line(fields: Mapping[str, Any]) -> None:
+    """Emit the one ``REQUEST_INBOUND`` line of a request (seed 004's fields)."""
+    level = severity_for(int(fields.get("status", 0)), str(fields.get("outcome", "")))
+    logging.getLogger("eventbus.request").log(
+        level, "%s %s %s", fields.get("method"), fields.get("path"), fields.get("status"),
+        extra={"logType": "REQUEST_INBOUND", **fields})
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,102 @@
+"""The push endpoint, independent of which Flask app serves it.
+
+``PushService.handle`` takes a ``flask.Request`` and returns a response. The
+gunicorn app (``create_app``) and the functions-framework target
+(``push_target``) both call it, so they behave the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import flask
+
+from eventbus.model.errors import PayloadTooLarge, RequestError, StoreUnavailable
+from eventbus.processor import Processor, Result
+from eventbus.pubsub.auth import Authenticator
+from eventbus.pubsub.envelope import parse_delivery
+from eventbus.settings import Settings
+from eventbus.store.base import EventStore
+from eventbus.web import logs
+from eventbus.web import status as status_table
+
+logger = logging.getLogger("eventbus")
+
+
+class PushService:
+    """Authenticates, parses, processes and logs one push request."""
+
+    def __init__(self, settings: Settings, store: EventStore, processor: Processor,
+                 authenticator: Authenticator | None = None) -> None:
+        self.settings, self.store, self.processor = settings, store, processor
+        self.authenticator = authenticator
+        self._indexed = False
+
+    def handle(self, request: flask.Request) -> flask.Response:
+        """Answer one push request; 2xx acks, anything else makes Pub/Sub retry."""
+        started, request_id = time.perf_counter(), _request_id(request)
+        result: Result | None = None
+        try:
+            result = self._process(request, request_id)
+            body, status = status_table.outcome_response(result)
+        except RequestError as exc:
+            body, status = status_table.error_response(exc)
+        except Exception:  # our own bug: log it, nack it, never show a traceback
+            logger.exception("unexpected error", extra={"requestId": request_id})
+            body, status = status_table.internal_error_response(request_id)
+        _log(request, request_id, status, started, result)
+        response = flask.jsonify(body)
+        response.status_code = status
+        response.headers["X-Request-Id"] = request_id
+        return response
+
+    def ensure_indexes(self) -> bool:
+        """Create the collection's indexes once; False while the store is unreachable."""
+        if not self._indexed:
+            try:
+                self.store.ensure_indexes()
+                self._indexed = True
+            except StoreUnavailable as exc:
+                logger.warning("indexes not ensured yet: %s", exc)
+        return self._indexed
+
+    def _process(self, request: flask.Request, request_id: str) -> Result:
+        if self.authenticator is not None:
+            self.authenticator.verify(request.headers.get("Authorization", ""))
+        body = _read_body(request, self.settings.max_body_bytes)
+        delivery = parse_delivery(body, dict(request.headers.items()))
+        self.ensure_indexes()
+        return self.processor.process(delivery, request_id)
+
+
+def _read_body(request: flask.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit}")
+    body = request.stream.read(limit + 1)
+    if len(body) > limit:
+        raise PayloadTooLarge(f"body exceeds {limit} bytes")
+    return body
+
+
+def _request_id(request: flask.Request) -> str:
+    given = request.headers.get("X-Request-Id", "")
+    trace = request.headers.get("X-Cloud-Trace-Context", "").split("/")[0]
+    candidate = given or trace
+    return candidate[:128] if candidate.isprintable() and candidate else uuid.uuid4().hex
+
+
+def _log(request: flask.Request, request_id: str, status: int, started: float,
+         result: Result | None) -> None:
+    fields: dict[str, Any] = {
+        "host": request.host, "sourceIp": request.remote_addr or "",
+        "sourceHost": request.headers.get("User-Agent", ""), "method": request.method,
+        "path": request.path, "status": status, "requestId": request_id,
+        "duration": round((time.perf_counter() - started) * 1000, 2),
+    }
+    if result is not None:
+        fields.update(outcome=result.outcome.value, idempotency_key=result.key,
+                      event_type=result.event_type, attempt=result.attempt)
+    logs.request_line(fields)
