@@ -366,7 +366,7 @@ def mongodb_uri() -> str:
     """``MONGODB_URI`` if set, else the local server (started if needed)."""
     if os.environ.get("MONGODB_URI"):
         return os.environ["MONGODB_URI"]
-    from infra.localdb import manager
+    from localdb import manager
 
     return manager.ensure_started()
 
@@ -500,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the tables."""
     options = parse_args(argv)
     uri, db = mongodb_uri(), f"bench_{uuid.uuid4().hex[:8]}"
-    from infra.localdb.manager import redact
+    from localdb.manager import redact
 
     print(
         f"bench/handler.py: {options.duration:g} s per row in {options.slices} slices, "

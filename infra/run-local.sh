@@ -26,8 +26,8 @@ background() {
   echo $! >"var/$name.pid"
 }
 
-echo "== MongoDB"; $PY -m infra.localdb start
-MONGODB_URI=${MONGODB_URI:-$($PY -m infra.localdb uri)}
+echo "== MongoDB"; $PY -m localdb start
+MONGODB_URI=${MONGODB_URI:-$($PY -m localdb uri)}
 export MONGODB_URI
 echo "== Pub/Sub emulator"; ./pubsub-emulator.sh start
 

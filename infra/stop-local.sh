@@ -10,4 +10,4 @@ for name in relay service partner; do
   fi
 done
 ./pubsub-emulator.sh stop
-.venv/bin/python -m infra.localdb stop
+.venv/bin/python -m localdb stop

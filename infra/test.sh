@@ -11,14 +11,17 @@ echo "== mypy"; .venv/bin/mypy eventbus handlers infra main.py
 
 started_db=""
 cleanup() {
-  if [ -n "$started_db" ]; then $PY -m infra.localdb stop || true; fi
+  if [ -n "$started_db" ]; then $PY -m localdb stop || true; fi
 }
 trap cleanup EXIT
 if [ -z "${MONGODB_URI:-}" ]; then
-  if ! $PY -m infra.localdb status >/dev/null 2>&1; then started_db=1; fi
-  echo "== localdb"; $PY -m infra.localdb start
-  MONGODB_URI=$($PY -m infra.localdb uri)
+  if ! $PY -m localdb status >/dev/null 2>&1; then started_db=1; fi
+  echo "== localdb"; $PY -m localdb start
+  MONGODB_URI=$($PY -m localdb uri)
   export MONGODB_URI
 fi
 echo "== pytest (MongoDB at $MONGODB_URI)"
 $PY -m pytest "$@"
+echo "== localdb: ruff, mypy, its own tests"
+(cd infra/localdb && ../../.venv/bin/ruff check . && ../../.venv/bin/mypy src)
+$PY -m pytest infra/localdb/tests

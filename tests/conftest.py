@@ -1,7 +1,7 @@
 """Shared fixtures: a real MongoDB-compatible server for every storage test.
 
 The server is ``MONGODB_URI`` when set; otherwise the local server that
-``python -m infra.localdb start`` provides (started here if needed). Under
+``python -m localdb start`` provides (started here if needed). Under
 ``CI=true`` a missing server fails the tests that need it; it never skips them.
 """
 
@@ -26,7 +26,7 @@ def require_server(what: str, error: BaseException) -> None:
 def _local_uri() -> str:
     if os.environ.get("MONGODB_URI"):
         return os.environ["MONGODB_URI"]
-    from infra.localdb import manager  # imported late: only storage tests need it
+    from localdb import manager  # imported late: only storage tests need it
 
     return manager.ensure_started()
 
