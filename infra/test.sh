@@ -7,7 +7,7 @@ bash infra/venv.sh
 PY=.venv/bin/python
 
 echo "== ruff"; .venv/bin/ruff check .
-echo "== mypy"; .venv/bin/mypy eventbus handlers infra main.py
+echo "== mypy"; .venv/bin/mypy src handlers infra main.py
 
 started_db=""
 cleanup() {

@@ -1,0 +1,91 @@
+"""The library as users install it: the wheel's contents, a publisher-only install, the example.
+
+Each test builds in a temporary directory and installs into a fresh virtual
+environment, as a new user would; they take tens of seconds (PyPI installs).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "receipts"
+
+pytestmark = pytest.mark.slow
+
+
+def run(*command: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``command``; fail the test with its output when it fails."""
+    done = subprocess.run([str(part) for part in command], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", out, ROOT)
+    [built] = out.glob("eventbus-*.whl")
+    return built
+
+
+def fresh_venv(path: Path) -> Path:
+    venv.EnvBuilder(with_pip=True).create(path)
+    return path / "bin" / "python"
+
+
+def test_the_wheel_holds_the_eventbus_package_only(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"eventbus", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
+                    + ".dist-info"}
+    assert "eventbus/py.typed" in names
+    assert "eventbus/testing.py" in names
+    assert not any(name.startswith(("handlers/", "localdb/", "infra/", "tests/")) for name in names)
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA")))
+    assert b"Provides-Extra: service" in metadata
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names
+                                                    if n.endswith("entry_points.txt")))
+    assert b"eventbus = eventbus.ops.cli:main" in entry_points
+
+
+def test_a_publisher_installs_without_flask_or_pymongo(wheel: Path, tmp_path: Path) -> None:
+    python = fresh_venv(tmp_path / "venv")
+    run(python, "-m", "pip", "install", "-q", wheel)
+    probe = ("import importlib.util as u\n"
+             "from eventbus import publish, Router, Context, Settings, PermanentError, "
+             "TransientError\n"
+             "from eventbus.testing import LocalBus\n"
+             "print(u.find_spec('flask') is None, u.find_spec('pymongo') is None)\n")
+    assert run(python, "-c", probe).stdout.split() == ["True", "True"]
+    failed = subprocess.run([str(python), "-c", "from eventbus import create_app; create_app"],
+                            capture_output=True, text=True, check=False)
+    assert failed.returncode != 0 and "flask" in failed.stderr.lower()
+
+
+def test_the_service_extra_gives_everything_the_push_service_needs(wheel: Path,
+                                                                   tmp_path: Path) -> None:
+    python = fresh_venv(tmp_path / "venv")
+    run(python, "-m", "pip", "install", "-q", f"{wheel}[service]")
+    probe = ("import flask, pymongo, gunicorn, functions_framework, google.auth, requests\n"
+             "from eventbus import Router, create_app\n"
+             "from eventbus.store.memory import MemoryEventStore\n"
+             "app = create_app(Router(), store=MemoryEventStore())\n"
+             "print(app.test_client().get('/health').status_code)\n")
+    assert run(python, "-c", probe).stdout.split()[-1] == "200"
+    assert (python.parent / "eventbus").exists()
+
+
+def test_the_example_service_passes_its_own_tests_with_localbus(tmp_path: Path) -> None:
+    python = fresh_venv(tmp_path / "venv")
+    run(python, "-m", "pip", "install", "-q", f"{EXAMPLE}[test]")
+    done = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", EXAMPLE / "tests",
+               cwd=EXAMPLE)
+    assert " passed" in done.stdout and "failed" not in done.stdout
