@@ -38,7 +38,7 @@ if ! curl -fsS "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
   background service .venv/bin/gunicorn -c gunicorn.conf.py main:app
 fi
 echo "== relay sweeper (log: var/relay.log)"
-background relay $PY -m eventbus relay --interval 5
+background relay .venv/bin/eventbus relay --interval 5
 for _ in $(seq 1 60); do
   curl -fsS "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
   sleep 0.5
@@ -47,14 +47,14 @@ curl -fsS "http://127.0.0.1:$PORT/health" >/dev/null || {
   echo "run: the service did not answer /health within 30 s; see var/service.log" >&2; exit 1; }
 
 echo "== demo"
-$PY -m eventbus demo --reset
+$PY -m handlers.demo --reset
 cat <<MSG
 
 The service is still running on http://127.0.0.1:$PORT/ (log: var/service.log),
 with the relay sweeper (var/relay.log) and the partner stub (var/partner.log:
 one line per OUT notification the cascades delivered).
-Follow a cascade: .venv/bin/python -m eventbus trace <idempotency key>
-Publish more:  .venv/bin/python -m eventbus publish samples/partner_events.json
-Statuses:      .venv/bin/python -m eventbus status
+Follow a cascade: .venv/bin/eventbus trace <idempotency key>
+Publish more:  .venv/bin/eventbus publish handlers/samples/partner_events.json
+Statuses:      .venv/bin/eventbus status
 Stop it all:   make stop
 MSG

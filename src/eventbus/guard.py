@@ -15,8 +15,9 @@ This narrows duplicate effects to one case: the worker dies (or its lease
 runs out) after the effect happened and before SUCCESS was stored. Passing
 the key on to the other side (an ``Idempotency-Key`` header) closes it.
 
-May import: ``eventbus.model`` and ``eventbus.store.base``; it talks to the
-store only through ``guard_take``, ``guard_finish`` and ``guard_get``.
+May import: ``eventbus.model``, ``eventbus.store.base`` and the pure builders of
+``eventbus.store.documents``; it talks to the store only through
+``guard_take`` and ``guard_finish``.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ child's key is stable and the receiver's claim deduplicates it.
 A child was validated once, when the handler emitted it; the relay
 serialises the stored entry into the message without parsing it again.
 
-May import: ``eventbus.model``, ``eventbus.store.base`` and the publisher
-protocol; it reads and writes the outbox only through the store.
+May import: ``eventbus.model``, ``eventbus.store.base``, the pure builders of
+``eventbus.store.documents`` and ``eventbus.pubsub.message``; it reads and
+writes the outbox only through the store.
 """
 
 from __future__ import annotations
@@ -47,8 +48,6 @@ from eventbus.store.documents import error_document
 
 logger = logging.getLogger("eventbus.outbox.relay")
 
-OUTBOX_INDEX = "outbox.status_1"
-"""The sweep's index, one of ``eventbus.store.INDEXES``."""
 _EVENT_FIELDS = ("event_type", "event_version", "event_direction", "entity_metadata",
                  "entity_data")
 
