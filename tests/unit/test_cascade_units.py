@@ -1,4 +1,7 @@
-"""Pure parts of cascades: emit, links, the publisher's checks, settings, the publish CLI."""
+"""Pure parts of cascades: emit, links, the publisher's checks, the publish CLI.
+
+(The partner URL setting moved to the app: tests/unit/test_app_settings.py.)
+"""
 
 from __future__ import annotations
 
@@ -11,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from eventbus import cli
-from eventbus.config import Settings, SettingsError
-from eventbus.context import Context
-from eventbus.envelope import Delivery
-from eventbus.errors import InvalidEvent, PublishError
-from eventbus.event import EntityMetadata, Event
-from eventbus.keys import MAX_KEY_LENGTH, cascade_links, child_key
-from eventbus.publisher import build_event, build_message
-from eventbus.relay import entry_filter, failed_update, outbox_event, published_update
-from tests.fakes import CapturingPublisher
+from eventbus.model.context import Context
+from eventbus.model.delivery import Delivery
+from eventbus.model.errors import InvalidEvent, PublishError
+from eventbus.model.event import EntityMetadata, Event, parse_event
+from eventbus.model.keys import MAX_KEY_LENGTH, cascade_links, child_key
+from eventbus.ops import cli
+from eventbus.outbox.relay import outbox_message
+from eventbus.pubsub.message import build_event, build_message
+from eventbus.store.documents import entry_filter, error_document, failed_update, published_update
+from eventbus.testing import CapturingPublisher
 
 META = EntityMetadata("p1", "order-1", "Order", "Partner One")
 ENTITY = {"partnerId": "p1", "entity_id": "order-1", "entity_type": "Order"}
@@ -55,7 +58,11 @@ def test_an_outbox_entry_carries_the_event_links_and_status() -> None:
     assert entry["idempotency_key"] == "parent/0:A" and entry["status"] == "PENDING"
     assert (entry["parent_key"], entry["root_key"], entry["created_at"]) == \
         ("parent", "root", NOW)
-    assert outbox_event(entry) == ctx.children[0].event
+    # The relay serialises the stored entry into the very message the publisher builds.
+    data, attributes = outbox_message(entry)
+    assert (data, attributes) == build_message(ctx.children[0].event, key="parent/0:A",
+                                               extra={"parent_key": "parent", "root_key": "root"})
+    assert parse_event(data, attributes) == ctx.children[0].event
 
 
 @pytest.mark.parametrize(("event_type", "data", "options"), [
@@ -99,7 +106,7 @@ def test_the_relay_marks_one_entry_by_index_and_only_while_pending() -> None:
     assert done["$set"] == {"outbox.2.status": "PUBLISHED", "outbox.2.published_at": NOW,
                             "outbox.2.messageId": "m-1"}
     assert done["$inc"] == {"outbox.2.publish_attempts": 3}
-    failed = failed_update(2, NOW, PublishError("down"), 4)
+    failed = failed_update(2, NOW, error_document(PublishError("down"), "transient"), 4)
     assert "outbox.2.status" not in failed["$set"]
     assert failed["$set"]["outbox.2.last_error"]["message"] == "down"
 
@@ -130,18 +137,6 @@ def test_build_message_sets_the_standard_attributes() -> None:
 def test_the_publisher_refuses_what_the_receiver_would(call: Any, message: str) -> None:
     with pytest.raises(InvalidEvent, match=message):
         call()
-
-
-# --- settings -------------------------------------------------------------------------------
-
-
-def test_the_partner_url_is_a_template_checked_at_start_up() -> None:
-    assert Settings().partner_url == "http://127.0.0.1:9000/partners/{partnerId}/events"
-    url = "https://partner.example/hooks/{partnerId}"
-    assert Settings.from_env({"EVENTBUS_PARTNER_URL": url}).partner_url == url
-    for bad in ("http://x/{orderId}", "ftp://x/{partnerId}", "x/{partnerId}", "http://x/{"):
-        with pytest.raises(SettingsError):
-            Settings.from_env({"EVENTBUS_PARTNER_URL": bad})
 
 
 # --- the publish command --------------------------------------------------------------------

@@ -1,28 +1,39 @@
+import dataclasses
+
 import pytest
 
-from eventbus.config import Settings, SettingsError
-from eventbus.errors import (
+from eventbus.model.errors import (
     Classification,
+    Classifier,
     InvalidEvent,
     LeaseHeld,
     PayloadTooLarge,
     PermanentError,
     StoreUnavailable,
-    classify,
 )
-from eventbus.http import STATUS, error_response
-from eventbus.outcome import Outcome
+from eventbus.model.outcome import Outcome
+from eventbus.settings import Settings, SettingsError
+from eventbus.web.status import STATUS, error_response
 
 
 def test_settings_read_the_environment_once_into_a_frozen_object() -> None:
     settings = Settings.from_env({"MONGODB_URI": "mongodb://x/", "EVENTBUS_LEASE_SECONDS": "2.5",
-                                  "EVENTBUS_HANDLER_MODULES": "handlers, tests.extra",
+                                  "EVENTBUS_GUARD_COLLECTION": "effects",
                                   "EVENTBUS_AUTH": "true", "EVENTBUS_MAX_ATTEMPTS": ""})
     assert settings.mongodb_uri == "mongodb://x/" and settings.lease_seconds == 2.5
-    assert settings.handler_modules == ("handlers", "tests.extra")
+    assert settings.guard_collection == "effects"
     assert settings.auth_enabled is True and settings.max_attempts == 100
     with pytest.raises(AttributeError):
         settings.lease_seconds = 1  # type: ignore[misc]
+
+
+def test_the_library_settings_know_nothing_of_the_app() -> None:
+    # handler_modules and the partner settings moved to handlers.settings (test_app_settings.py).
+    names = {field.name for field in dataclasses.fields(Settings)}
+    assert not names & {"handler_modules", "partner_url", "partner_timeout_seconds"}
+    assert Settings().guard_collection == "side_effects"
+    assert Settings.from_env({"EVENTBUS_HANDLER_MODULES": "x",
+                              "EVENTBUS_PARTNER_URL": "bad"}) == Settings()
 
 
 @pytest.mark.parametrize(("var", "value"), [("EVENTBUS_LEASE_SECONDS", "soon"),
@@ -30,7 +41,7 @@ def test_settings_read_the_environment_once_into_a_frozen_object() -> None:
                                             ("EVENTBUS_MAX_ATTEMPTS", "-1"),
                                             ("EVENTBUS_AUTH", "maybe")])
 def test_bad_settings_say_what_is_wrong(var: str, value: str) -> None:
-    with pytest.raises(SettingsError):
+    with pytest.raises(SettingsError, match=var):
         Settings.from_env({var: value})
 
 
@@ -43,7 +54,23 @@ def test_bad_settings_say_what_is_wrong(var: str, value: str) -> None:
     (ZeroDivisionError(), Classification.TRANSIENT),
 ])
 def test_unknown_exceptions_are_transient(exc: BaseException, expected: Classification) -> None:
-    assert classify(exc) is expected
+    assert Classifier().classify(exc) is expected
+
+
+class Refused(Exception):
+    pass
+
+
+def test_a_classifier_adds_permanent_types_and_predicates_per_instance() -> None:
+    coded = ValueError("code 11")
+    strict = Classifier(permanent=(Refused,), predicates=(lambda exc: "code 11" in str(exc),))
+    assert strict.classify(Refused()) is Classification.PERMANENT
+    assert strict.classify(coded) is Classification.PERMANENT
+    assert strict.classify(ValueError("code 12")) is Classification.TRANSIENT
+    assert strict.classify(PermanentError("x")) is Classification.PERMANENT  # always counts
+    default = Classifier()  # another instance is not affected
+    assert default.classify(Refused()) is Classification.TRANSIENT
+    assert default.classify(coded) is Classification.TRANSIENT
 
 
 def test_every_outcome_has_a_status_and_only_acked_ones_are_2xx() -> None:

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventbus.envelope import Delivery, parse_delivery
-from eventbus.errors import RequestError
+from eventbus.model.delivery import Delivery
+from eventbus.model.errors import RequestError
+from eventbus.pubsub.envelope import parse_delivery
 from tests import golden
 
 WRAPPED = {"message": {"data": base64.b64encode(b'{"a": 1}').decode(), "messageId": "1"},

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventbus.errors import InvalidEvent
-from eventbus.event import parse_event
+from eventbus.model.errors import InvalidEvent
+from eventbus.model.event import event_from_document, json_object, parse_event
 
 META = {"partnerId": "p1", "entity_id": "order-1", "entity_type": "Order"}
 GOOD = {"event_type": "OR_MGMT", "event_version": "v2", "entity_metadata": META,
@@ -64,3 +64,23 @@ def test_any_bytes_are_an_event_or_invalid(data: bytes) -> None:
         assert str(exc)
     else:
         assert event.event_type
+
+
+def test_json_object_decodes_an_object_or_says_why_not() -> None:
+    assert json_object(dump(GOOD)) == GOOD
+    with pytest.raises(InvalidEvent, match="not JSON"):
+        json_object(b"{")
+    with pytest.raises(InvalidEvent, match="payload must be a JSON object, got list"):
+        json_object(b"[]")
+    with pytest.raises(InvalidEvent, match="nested too deeply"):
+        json_object(b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_a_decoded_document_validates_as_its_bytes_do() -> None:
+    attributes = {"event_version": "v2"}
+    assert event_from_document(GOOD, attributes) == parse_event(dump(GOOD), attributes)
+    assert event_from_document(GOOD).to_document() == {**GOOD, "event_direction": "IN",
+                                                       "entity_metadata": {**META,
+                                                                           "partnerName": ""}}
+    with pytest.raises(InvalidEvent, match="event_type is missing"):
+        event_from_document({"entity_metadata": META})

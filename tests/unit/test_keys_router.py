@@ -1,10 +1,16 @@
 import pytest
 
-from eventbus.context import Context
-from eventbus.errors import DuplicateHandler, InvalidEvent, UnknownEventType, UnsupportedVersion
-from eventbus.event import EntityMetadata, Event
-from eventbus.keys import child_key, idempotency_key, rejected_key
-from eventbus.router import Router
+from eventbus.model import router as router_module
+from eventbus.model.context import Context
+from eventbus.model.errors import (
+    DuplicateHandler,
+    InvalidEvent,
+    UnknownEventType,
+    UnsupportedVersion,
+)
+from eventbus.model.event import EntityMetadata, Event
+from eventbus.model.keys import child_key, idempotency_key, rejected_key
+from eventbus.model.router import Router
 
 META = EntityMetadata(partner_id="p1", entity_id="order-1", entity_type="Order")
 
@@ -67,3 +73,55 @@ def test_router_upcasts_chains_and_rejects_unknown() -> None:
         router.resolve(event("v9"))
     with pytest.raises(UnknownEventType):
         router.resolve(Event("NOPE", "v1", "IN", META, {}))
+
+
+# --- routers of their own, included into one (no global router) ----------------------------
+
+
+def test_there_is_no_global_router() -> None:
+    assert not any(isinstance(value, Router) for value in vars(router_module).values())
+    first, second = Router(), Router()
+    first.handler("OR_MGMT")(noop)
+    assert first.event_types() == ["OR_MGMT"] and second.event_types() == []
+
+
+def test_include_merges_the_routes_of_other_routers() -> None:
+    orders, promotions = Router(), Router()
+    orders.handler("OR_MGMT", versions=("v2",), upcasters={
+        "v1": lambda e: e.with_version("v2", {"upcast": True})})(noop)
+
+    def on_promo(context: Context) -> None:
+        pass
+
+    promotions.handler("PROMO")(on_promo)
+    app = Router()
+    assert app.include(orders, promotions) is app  # chainable, like the app's create_router
+    assert app.event_types() == ["OR_MGMT", "PROMO"]
+    route, upcast = app.resolve(event("v1"))
+    assert route.handler is noop and upcast.entity_data == {"upcast": True}
+    assert app.route_for(Event("PROMO", "v1", "IN", META, {})).handler is on_promo
+    assert orders.event_types() == ["OR_MGMT"]  # the included routers are unchanged
+
+
+def test_a_type_handled_by_two_included_routers_is_a_duplicate() -> None:
+    first, second = Router(), Router()
+    first.handler("OR_MGMT")(noop)
+
+    def other(context: Context) -> None:
+        pass
+
+    second.handler("OR_MGMT")(other)
+    with pytest.raises(DuplicateHandler, match="OR_MGMT"):
+        Router().include(first, second)
+    own = Router()
+    own.handler("OR_MGMT")(other)
+    with pytest.raises(DuplicateHandler, match="OR_MGMT"):
+        own.include(first)
+
+
+def test_including_the_same_routes_twice_is_harmless() -> None:
+    routes = Router()
+    routes.handler("OR_MGMT")(noop)
+    app = Router().include(routes, routes)
+    app.include(routes)
+    assert app.event_types() == ["OR_MGMT"]

@@ -124,6 +124,17 @@ def insert_fields(fields: Mapping[str, Any], now: datetime, *, created_by: str,
             "expire_at": expire_at(now, retention), "event_day_id": event_day_id(now)}
 
 
+def is_new(previous: Mapping[str, Any] | None) -> bool:
+    """Return True when a claim on ``previous`` writes a new record's fields.
+
+    A record with no ``event_status`` (missing, null or empty) holds no event
+    yet: the claim gives it the seed and audit fields and a fresh attempt map,
+    as for a record that does not exist. Mirrors ``claim_pipeline``'s first
+    stage (``__eventbus_new``); change both together.
+    """
+    return previous is None or previous.get("event_status") in (None, "")
+
+
 def claimable(previous: Mapping[str, Any] | None, now: datetime) -> bool:
     """Return True when a record in state ``previous`` may be claimed at ``now``.
 

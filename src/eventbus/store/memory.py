@@ -4,7 +4,8 @@ It keeps the same documents as ``MongoEventStore`` (built by the same
 ``eventbus.store.documents`` functions) in a dict behind one lock, and
 applies the same rules in Python; the contract suite runs against both.
 Records are copied in and out, so a caller can never change a stored
-record by accident. No server, no pymongo.
+record by accident, and stored as the server would return them (dates at
+the millisecond, in UTC; lists for tuples). No server, no pymongo.
 
 ``database`` is whatever the caller gives for handlers' own effects: None
 by default, or a ``mongomock`` database in tests of handlers that keep
@@ -63,24 +64,27 @@ class MemoryEventStore:
 
     def _taken(self, key: str, previous: Record | None, fields: Mapping[str, Any],
                now: datetime, owner: str, attempt: int) -> Record:
-        record = copy.deepcopy(previous) if previous is not None else self._inserted(key, fields,
-                                                                                  now)
+        # As the claim pipeline decides: a record without a status is new
+        # (even if a document exists), gets the seed and audit fields and starts
+        # a fresh attempt map; any other record keeps its fields and its map.
+        record: Record = _bson(previous) if previous is not None else {"idempotency_key": key}
+        stamp = documents.epoch_ms(now)
+        if documents.is_new(previous):
+            record.update(_bson(documents.insert_fields(fields, now, created_by=self._created_by,
+                                                        retention=self._retention)))
+            meta = {name: value for name, value
+                    in _bson(fields.get("entity_metadata") or {}).items()
+                    if name != "resilienceAttemptCount"}
+            history: Mapping[str, Any] = {}
+        else:
+            meta = _mapping(record.get("entity_metadata"))
+            history = _mapping(meta.get("resilienceAttemptCount"))
+        meta["resilienceAttemptCount"] = {**history, str(attempt): stamp}
         record.pop("retryable", None)
         record.pop("error", None)
-        stamp = documents.epoch_ms(now)
-        record["entity_metadata"].setdefault("resilienceAttemptCount", {})[str(attempt)] = stamp
         record.update(event_status=documents.PROCESSING, lease_owner=owner, attempts=attempt,
                       lease_until=documents.bson_time(now + self._lease), lastUpdatedTime=stamp,
-                      pubsub=copy.deepcopy(fields.get("pubsub", {})))
-        return record
-
-    def _inserted(self, key: str, fields: Mapping[str, Any], now: datetime) -> Record:
-        record = documents.insert_fields(copy.deepcopy(dict(fields)), now,
-                                         created_by=self._created_by, retention=self._retention)
-        record["idempotency_key"] = key
-        record["entity_metadata"] = {name: value for name, value
-                                     in record.get("entity_metadata", {}).items()
-                                     if name != "resilienceAttemptCount"}
+                      pubsub=_bson(fields.get("pubsub", {})), entity_metadata=meta)
         return record
 
     def succeed(self, key: str, owner: str, now: datetime,
@@ -89,7 +93,7 @@ class MemoryEventStore:
         done: dict[str, Any] = {"event_status": documents.SUCCESS,
                                 "lastUpdatedTime": documents.epoch_ms(now)}
         if outbox:
-            done["outbox"] = copy.deepcopy([dict(child) for child in outbox])
+            done["outbox"] = [dict(child) for child in outbox]
         return self._finish(key, owner, done)
 
     def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
@@ -105,7 +109,7 @@ class MemoryEventStore:
             if (record is None or record.get("lease_owner") != owner
                     or record.get("event_status") != documents.PROCESSING):
                 return False
-            record.update(copy.deepcopy(dict(fields)))
+            record.update(_bson(fields))
             record.pop("lease_until", None)
             record.pop("lease_owner", None)
         return True
@@ -118,7 +122,7 @@ class MemoryEventStore:
         with self._lock:
             if key in self._events:
                 return False
-            self._events[key] = {**copy.deepcopy(update["$setOnInsert"]), "idempotency_key": key}
+            self._events[key] = {"idempotency_key": key, **_bson(update["$setOnInsert"])}
         return True
 
     def get(self, key: str) -> Record | None:
@@ -142,7 +146,7 @@ class MemoryEventStore:
             stored = self._pending_entry(entry)
             if stored is None:
                 return False
-            stored.update(documents.published_fields(now, message_id))
+            stored.update(_bson(documents.published_fields(now, message_id)))
             stored["publish_attempts"] = stored.get("publish_attempts", 0) + tries
             stored.pop("last_error", None)
         return True
@@ -153,7 +157,7 @@ class MemoryEventStore:
         with self._lock:
             stored = self._pending_entry(entry)
             if stored is not None:
-                stored.update(documents.publish_failed_fields(now, error))
+                stored.update(_bson(documents.publish_failed_fields(now, error)))
                 stored["publish_attempts"] = stored.get("publish_attempts", 0) + tries
 
     def _pending_entry(self, entry: OutboxEntry) -> dict[str, Any] | None:
@@ -191,7 +195,7 @@ class MemoryEventStore:
             record = self._guards.get(key)
             if record is None or not (succeeded or record.get("lease_owner") == owner):
                 return False
-            record.update(copy.deepcopy(update["$set"]))
+            record.update(_bson(update["$set"]))
             for name in update["$unset"]:
                 record.pop(name, None)
         return True
@@ -218,3 +222,24 @@ class MemoryEventStore:
         with self._lock:
             self._events.clear()
             self._guards.clear()
+
+
+def _bson(value: Any) -> Any:
+    """Return a copy of ``value`` as MongoDB would store and return it.
+
+    Dates at the millisecond, in UTC (a tz-aware client's reading); tuples as
+    lists; mappings as dicts. So a record read back from memory equals the
+    one the server would return.
+    """
+    if isinstance(value, datetime):
+        return documents.bson_time(value)
+    if isinstance(value, Mapping):
+        return {name: _bson(item) for name, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_bson(item) for item in value]
+    return copy.deepcopy(value)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    # The pipeline merges a missing or null subdocument as an empty one.
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,193 @@
+"""The layers' import rules, checked on the source of every module under src/eventbus.
+
+* ``eventbus/model/`` is pure: the standard library, ``eventbus.model`` and
+  ``eventbus.settings`` only (imports under ``if TYPE_CHECKING:`` are types, not code);
+* only ``eventbus/store/mongo.py`` and ``eventbus/store/roundtrips.py`` import pymongo or bson;
+* only ``eventbus/web/`` imports Flask (or Werkzeug);
+* only ``eventbus/store/`` touches a collection (``.collection``, ``find_one``, ``update_one``...);
+* ``import eventbus`` (and the test bus) works where neither Flask nor pymongo is installed.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "eventbus"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+PYMONGO = ("pymongo", "bson", "gridfs", "motor")
+PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/roundtrips.py"}
+FLASK = ("flask", "werkzeug")
+MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
+COLLECTION_METHODS = frozenset({
+    "collection", "find", "find_one", "find_one_and_update", "find_one_and_replace",
+    "find_one_and_delete", "insert_one", "insert_many", "update_one", "update_many",
+    "replace_one", "delete_one", "delete_many", "count_documents", "estimated_document_count",
+    "aggregate", "bulk_write", "distinct", "create_index", "create_indexes", "drop_index",
+    "index_information", "list_collection_names", "drop_collection", "watch",
+})
+
+# Known breaks of a rule, each with why; the test below fails once one is fixed,
+# so the entry is removed with the fix instead of hiding the next break.
+KNOWN_PYMONGO_IMPORTS = {
+    ("eventbus/ops/cli.py", "pymongo.errors"):
+        "open_store() catches PyMongoError raised by MongoEventStore.from_settings for a bad "
+        "URI; from_settings should raise StoreUnavailable itself",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+    module: str
+    """The absolute name imported (``from a import b`` gives ``a.b`` and ``a``)."""
+    line: int
+    type_checking: bool
+    """True under ``if TYPE_CHECKING:``: a type-only import that never runs."""
+    statement: str
+    """The module the statement names (``a`` in ``from a import b``)."""
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(SRC).as_posix()
+
+
+def package_of(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts if path.name == "__init__.py" else parts[:-1])
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def imports(path: Path) -> list[Import]:
+    """Every import statement of a module, wherever it is (module level or in a function)."""
+    found: list[Import] = []
+    package = package_of(path).split(".")
+    if path.name == "__init__.py":
+        package = package[:-1] if False else package
+
+    def visit(node: ast.AST, type_checking: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, type_checking)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(Import(alias.name, node.lineno, type_checking, alias.name)
+                         for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[:len(package) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.append(Import(base, node.lineno, type_checking, base))
+            found.extend(Import(f"{base}.{alias.name}", node.lineno, type_checking, base)
+                         for alias in node.names if alias.name != "*")
+        for child in ast.iter_child_nodes(node):
+            visit(child, type_checking)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return found
+
+
+def under(name: str, *roots: str) -> bool:
+    return any(name == root or name.startswith(f"{root}.") for root in roots)
+
+
+def is_stdlib(name: str) -> bool:
+    top = name.split(".")[0]
+    return top == "__future__" or top in sys.stdlib_module_names
+
+
+def all_imports() -> Iterator[tuple[str, Import]]:
+    for path in MODULES:
+        for found in imports(path):
+            yield relative(path), found
+
+
+def test_the_rules_see_every_layer() -> None:
+    names = {relative(path) for path in MODULES}
+    assert {"eventbus/__init__.py", "eventbus/model/event.py", "eventbus/store/mongo.py",
+            "eventbus/web/app.py", "eventbus/processor.py", "eventbus/testing.py"} <= names
+    mongo = {found.module for found in imports(PACKAGE / "store" / "mongo.py")}
+    assert "pymongo" in mongo and "eventbus.model.errors" in mongo
+    context = imports(PACKAGE / "model" / "context.py")
+    assert [found.type_checking for found in context if found.module == "eventbus.guard"] == [
+        True]
+
+
+def test_the_model_imports_only_the_stdlib_itself_and_settings() -> None:
+    bad = [f"{module}:{found.line} imports {found.module}" for module, found in all_imports()
+           if module.startswith("eventbus/model/") and not found.type_checking
+           and not is_stdlib(found.module) and not under(found.module, *MODEL_MAY_IMPORT)]
+    assert bad == []
+
+
+def test_only_the_mongo_store_imports_pymongo() -> None:
+    found = {(module, item.statement) for module, item in all_imports()
+             if under(item.module, *PYMONGO) and module not in PYMONGO_MODULES}
+    unexpected = sorted(found - set(KNOWN_PYMONGO_IMPORTS))
+    assert unexpected == []
+    fixed = sorted(set(KNOWN_PYMONGO_IMPORTS) - found)
+    assert fixed == [], "fixed: remove these from KNOWN_PYMONGO_IMPORTS"
+
+
+def test_only_the_web_layer_imports_flask() -> None:
+    bad = [f"{module}:{found.line} imports {found.module}" for module, found in all_imports()
+           if under(found.module, *FLASK) and not module.startswith("eventbus/web/")]
+    assert bad == []
+
+
+def test_only_the_store_touches_collections() -> None:
+    bad = []
+    for path in MODULES:
+        module = relative(path)
+        if module.startswith("eventbus/store/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), module)):
+            if isinstance(node, ast.Attribute) and node.attr in COLLECTION_METHODS:
+                bad.append(f"{module}:{node.lineno} uses .{node.attr}")
+    assert bad == []
+
+
+def test_the_collection_check_would_see_a_use() -> None:
+    tree = ast.parse("store.collection.find_one({})\nevents.update_one({}, {})\n")
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert {"collection", "find_one", "update_one"} <= COLLECTION_METHODS & used
+
+
+BLOCKED = "import sys; sys.modules['flask'] = None; sys.modules['pymongo'] = None; "
+
+
+@pytest.mark.parametrize("statement", [
+    "from eventbus import publish, Router, Context, Settings, PermanentError, TransientError",
+    "from eventbus.testing import LocalBus, FakeClock, CapturingPublisher",
+    "from eventbus.store import MemoryEventStore, EventStore",
+    "from eventbus.processor import Processor",
+])
+def test_the_library_imports_without_flask_or_pymongo(statement: str) -> None:
+    check = (f"{BLOCKED}{statement}; "
+             "assert 'flask' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]; "
+             "assert sys.modules['pymongo'] is None")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          cwd=SRC.parent, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_web_layer_needs_flask() -> None:
+    # The other half of the check above: blocking really blocks.
+    done = subprocess.run([sys.executable, "-c", f"{BLOCKED}from eventbus import create_app"],
+                          capture_output=True, text=True, cwd=SRC.parent, timeout=120,
+                          check=False)
+    assert done.returncode != 0 and "flask" in done.stderr
