@@ -22,6 +22,8 @@ if [ -z "${MONGODB_URI:-}" ]; then
 fi
 echo "== pytest (MongoDB at $MONGODB_URI)"
 $PY -m pytest "$@"
+echo "== deploy: the Pulumi stack's offline tests"
+bash infra/deploy/test.sh
 echo "== localdb: ruff, mypy, its own tests"
 (cd infra/localdb && ../../.venv/bin/ruff check . && ../../.venv/bin/mypy src)
 $PY -m pytest infra/localdb/tests

@@ -136,13 +136,21 @@ build_image() {
 
 zip_function_source() {
   [ "$TARGET" = function ] || return 0
-  local ref
+  local ref stage
   ref=$(git -C "$ROOT" stash create 2>/dev/null || true)
   ref=${ref:-HEAD}
   mkdir -p "$PROGRAM/.build"
   FUNCTION_SOURCE="$PROGRAM/.build/source-$(git -C "$ROOT" rev-parse --short "$ref").zip"
-  say "zipping the tracked source ($ref) to $FUNCTION_SOURCE"
-  git -C "$ROOT" archive --format zip -o "$FUNCTION_SOURCE" "$ref"
+  say "staging the tracked source ($ref) into $FUNCTION_SOURCE"
+  # The functions buildpack installs requirements.txt (the pins) and imports
+  # main.py from the source root, so the library goes next to it, unpacked.
+  stage=$(mktemp -d)
+  git -C "$ROOT" archive "$ref" main.py gunicorn.conf.py requirements.txt handlers src/eventbus |
+    tar -x -C "$stage"
+  mv "$stage/src/eventbus" "$stage/eventbus" && rmdir "$stage/src"
+  rm -f "$FUNCTION_SOURCE"
+  (cd "$stage" && zip -qr "$FUNCTION_SOURCE" .)
+  rm -rf "$stage"
 }
 
 pulumi_backend() {

@@ -22,9 +22,14 @@ from typing import Any
 
 import pytest
 
-from tests.servers import in_ci
-
 INSTALL = "pip install -r infra/deploy/pulumi/requirements.txt"
+
+
+def in_ci() -> bool:
+    """True under ``CI=true``, where a missing prerequisite fails instead of skipping."""
+    return os.environ.get("CI", "").lower() == "true"
+
+
 try:
     import pulumi
 except ImportError as exc:
@@ -33,7 +38,7 @@ except ImportError as exc:
             from exc
     pytest.skip(f"pulumi is not installed: {INSTALL}", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 DEPLOY = ROOT / "infra" / "deploy"
 PROGRAM = DEPLOY / "pulumi"
 PROJECT_NUMBER = "123456789012"
@@ -590,7 +595,7 @@ def test_the_program_reads_pulumi_config_and_declares_the_stack() -> None:
 def test_requirements_pin_the_versions_the_tests_ran_with() -> None:
     lines = (PROGRAM / "requirements.txt").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
-    assert set(pins) == {"pulumi", "pulumi-gcp"}
+    assert {"pulumi", "pulumi-gcp"} <= set(pins)
     assert pins == {name: importlib.metadata.version(name) for name in pins}
 
 
