@@ -7,7 +7,7 @@ import http.server
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from google.auth import crypt, jwt
 
-from eventbus.auth import Authenticator, fetch_certs
-from eventbus.errors import Forbidden, Unauthenticated
-from eventbus.router import Router
-from tests.http.conftest import Harness, event
+from eventbus.model.errors import Forbidden, Unauthenticated
+from eventbus.model.router import Router
+from eventbus.pubsub.auth import Authenticator, fetch_certs
+from tests.service.conftest import Make, event
 
 AUDIENCE = "https://eventbus.example.run.app/"
 PUSHER = "pubsub-push@project.iam.gserviceaccount.com"
@@ -97,7 +97,7 @@ def test_bad_tokens_are_refused(authenticator: Authenticator, header: str,
 
 
 def test_the_endpoint_answers_401_and_403_and_processes_nothing(
-        make_harness: Callable[..., Harness], authenticator: Authenticator) -> None:
+        make_harness: Make, authenticator: Authenticator) -> None:
     h = make_harness(router=Router())
     h.app.extensions["eventbus"].authenticator = authenticator
     missing = h.push(event())
@@ -105,7 +105,7 @@ def test_the_endpoint_answers_401_and_403_and_processes_nothing(
         "Authorization": f"Bearer {token(email='x@y.z')}"})
     assert (missing.status_code, wrong.status_code) == (401, 403)
     assert missing.json["error"] == "unauthenticated" and wrong.json["error"] == "forbidden"
-    assert h.store.collection.count_documents({}) == 0
+    assert h.store.summaries() == []
 
 
 def test_certificates_are_fetched_once(certs_url: str) -> None:

@@ -1,31 +1,34 @@
 """Cascades through the test client: emit, the inline relay, the partner call, the record.
 
-The relay publishes into a ``CapturingPublisher``; the test pushes each
-captured message back to the app, as Pub/Sub would. The partner is a real
-local HTTP server (``PartnerServer``) that fails on cue.
+The app runs its real handlers (``handlers.create_router``) on the in-memory
+store, with projections and notifications in a mongomock database. The
+relay publishes into a ``CapturingPublisher``; the test pushes each captured
+message back to the app, as Pub/Sub would. The partner is a real local HTTP
+server (``PartnerServer``) that fails on cue. The partner call's guard
+record is the store's (``store.guard_get(key)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from eventbus.context import Context
-from eventbus.errors import TransientError
-from eventbus.keys import child_key
-from eventbus.relay import Backoff, Relay
-from eventbus.router import Router
-from handlers.notifications import on_partner_notify, on_partner_notify_sent
+from eventbus.model.context import Context
+from eventbus.model.errors import StoreUnavailable, TransientError
+from eventbus.model.keys import child_key
+from eventbus.model.router import Router
+from eventbus.outbox.relay import Backoff, Relay
+from eventbus.store.memory import MemoryEventStore
+from eventbus.testing import CapturingPublisher, FakeClock
+from handlers import notifications
+from handlers.notifications import NOTIFY, SENT
 from handlers.orders import on_order_event, order_v1_to_v2
-from tests.fakes import CapturingPublisher
-from tests.http.conftest import Clock, Harness, event
+from handlers.settings import PartnerSettings
 from tests.partner_server import PartnerServer
-
-Make = Callable[..., Harness]
-NOTIFY, SENT = "PARTNER_NOTIFY", "PARTNER_NOTIFY_SENT"
+from tests.service.conftest import START, Harness, Make, event
 
 
 def order(status: str = "OR_CNF", order_id: int = 59734) -> dict[str, Any]:
@@ -34,6 +37,15 @@ def order(status: str = "OR_CNF", order_id: int = 59734) -> dict[str, Any]:
                                 "entity_id": f"order-{order_id}", "entity_type": "Order"},
             "entity_data": {"orderId": order_id, "orderStatusLatest": status,
                             "orderStatusLatestTimestamp": 1655292804}}
+
+
+class DeadStore(MemoryEventStore):
+    """A store whose server is gone: the outbox primitives the relay uses fail."""
+
+    def _down(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("mark_published: ServerSelectionTimeoutError: 127.0.0.1:9 refused")
+
+    mark_published = mark_publish_failed = pending_outbox = _down  # type: ignore[assignment]
 
 
 @dataclasses.dataclass
@@ -73,11 +85,12 @@ def partner() -> Iterator[PartnerServer]:
 def cascade(make_harness: Make, partner: PartnerServer, publisher: CapturingPublisher | None = None,
             router: Router | None = None, **overrides: Any) -> Cascade:
     publisher = publisher or CapturingPublisher()
-    clock = Clock()
-    relays: list[Relay] = []  # the relay needs the harness's collection, made just below
+    clock = FakeClock(START)
+    relays: list[Relay] = []  # the relay needs the harness's store, made just below
     h = make_harness(router=router, after_success=lambda key, outbox: relays[0](key, outbox),
-                     clock=clock, partner_url=partner.template, **overrides)
-    relays.append(Relay(h.store.collection, publisher, now=clock, budget=2.0,
+                     clock=clock, publisher=publisher, partner_url=partner.template,
+                     **overrides)
+    relays.append(Relay(h.store, publisher, now=clock, budget=2.0,
                         sleep=lambda seconds: None, jitter=lambda: 0.5))
     return Cascade(h, publisher, partner)
 
@@ -98,9 +111,12 @@ def test_an_order_cascades_to_one_partner_call_and_one_record(
     (call,) = partner.calls
     assert call.path == "/partners/p%2F1/events" and call.key == notify
     assert call.body["payload"] == {"orderId": 59734, "status": "OR_CNF", "asOf": 1655292804}
-    notification = c.h.store.database.partner_notifications.find_one()
+    notification = c.h.db.partner_notifications.find_one()
     assert notification["_id"] == notify and notification["status"] == "SENT"
     assert notification["statusCode"] == 200 and notification["kind"] == "order-status"
+    guard = c.h.store.guard_get(notify)
+    assert guard is not None and (guard["status"], guard["attempts"]) == ("SUCCESS", 1)
+    assert guard["result"]["status_code"] == 200 and "lease_owner" not in guard
 
 
 def test_the_relay_publishes_the_standard_attributes(
@@ -139,7 +155,10 @@ def test_partner_down_retries_only_the_call_step(make_harness: Make) -> None:
     assert [call.status for call in partner.calls] == [503, 503, 200]
     assert partner.successes() == {notify: 1}
     assert c.h.store.get(root)["attempts"] == 1 and c.h.store.get(notify)["attempts"] == 3
-    assert c.h.store.database.partner_notifications.count_documents({}) == 1
+    assert c.h.db.partner_notifications.count_documents({}) == 1
+    guard = c.h.store.guard_get(notify)
+    assert guard is not None and (guard["status"], guard["attempts"]) == ("SUCCESS", 3)
+    assert guard["result"]["status_code"] == 200
 
 
 def test_partner_rejection_fails_the_step_for_good(make_harness: Make) -> None:
@@ -150,6 +169,9 @@ def test_partner_rejection_fails_the_step_for_good(make_harness: Make) -> None:
     assert notify["event_status"] == "FAILED" and notify["retryable"] is False
     assert notify["error"]["type"] == "PartnerRejected" and "outbox" not in notify
     assert len(partner.calls) == 1
+    guard = c.h.store.guard_get(child_key(root, NOTIFY, 0))
+    assert guard is not None and guard["status"] == "FAILED"
+    assert guard["error"]["classification"] == "permanent" and "400" in guard["error"]["message"]
 
 
 def test_a_failing_handler_emits_nothing_and_its_retry_emits_the_same_keys(
@@ -182,15 +204,14 @@ def test_an_order_retried_after_its_projection_still_emits(
         if context.attempt == 1:
             raise TransientError("crash after the projection")
 
-    test_router = Router()
+    test_router = Router().include(
+        notifications.create_routes(PartnerSettings(url=partner.template)))
     test_router.handler("OR_MGMT", versions=("v2",),
                         upcasters={"v1": order_v1_to_v2})(fail_after_projection)
-    test_router.handler(NOTIFY)(on_partner_notify)
-    test_router.handler(SENT)(on_partner_notify_sent)
     c = cascade(make_harness, partner, router=test_router)
     root = c.run(order())
     assert c.h.store.get(root)["attempts"] == 2
-    assert c.h.store.database.order_projection.find_one()["eventsApplied"] == 1
+    assert c.h.db.order_projection.find_one()["eventsApplied"] == 1
     assert partner.successes() == {child_key(root, NOTIFY, 0): 1}
 
 
@@ -216,14 +237,10 @@ def test_a_hook_that_raises_never_fails_a_processed_parent(
 
 def test_a_store_outage_in_the_relay_never_fails_a_processed_parent(
         make_harness: Make, partner: PartnerServer) -> None:
-    from pymongo import MongoClient
-
-    dead = MongoClient("mongodb://127.0.0.1:9/", serverSelectionTimeoutMS=200)
-    relay = Relay(dead.db.events, CapturingPublisher(), now=Clock(), budget=1.0)
+    relay = Relay(DeadStore(), CapturingPublisher(), now=FakeClock(START), budget=1.0)
     h = make_harness(after_success=relay, partner_url=partner.template)
     response = h.push(order())
     assert response.status_code == 200 and response.json["outcome"] == "processed"
-
 
 
 def test_a_cancelled_subscription_notifies_the_partner_through_the_same_cascade(
@@ -238,4 +255,4 @@ def test_a_cancelled_subscription_notifies_the_partner_through_the_same_cascade(
     (call,) = partner.calls
     assert call.key == child_key(root, NOTIFY, 0)
     assert call.body["kind"] == "subscription-cancelled" and call.body["entity_type"] == "Sub"
-    assert c.h.store.database.partner_notifications.count_documents({}) == 1
+    assert c.h.db.partner_notifications.count_documents({}) == 1

@@ -1,4 +1,7 @@
-"""The push endpoint through Flask's test client, with the real store and handlers."""
+"""The push endpoint through Flask's test client, on the in-memory store, with the real handlers.
+
+The MongoDB round-trip budget is in ``test_round_trips_mongo.py`` (it needs the server).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +12,23 @@ from typing import Any
 
 import pytest
 
-from eventbus import logs
-from eventbus.context import Context
-from eventbus.errors import PermanentError
-from eventbus.keys import child_key
-from eventbus.metrics import round_trips
-from eventbus.router import Router
+from eventbus.model.context import Context
+from eventbus.model.errors import PermanentError, StoreUnavailable
+from eventbus.model.keys import child_key
+from eventbus.model.router import Router
+from eventbus.store.memory import MemoryEventStore
+from eventbus.web import logs
 from tests import golden
-from tests.http.conftest import Harness, event
+from tests.service.conftest import Make, event
 
-Make = Callable[..., Harness]
+
+class DownStore(MemoryEventStore):
+    """A store whose server cannot be reached: every primitive a push uses fails."""
+
+    def _down(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("claim 'k': ServerSelectionTimeoutError: 127.0.0.1:9 refused")
+
+    ensure_indexes = claim = reject = get = succeed = fail = _down  # type: ignore[assignment]
 
 
 def recording_router(behaviour: Callable[[Context], None] | None = None) -> tuple[Router, list]:
@@ -67,7 +77,7 @@ def test_order_event_updates_the_projection_and_emits_a_partner_notification(
                                  headers=golden.load(name)["headers"])
         assert response.status_code == 200
         keys.add(response.json["idempotency_key"])
-    db = h.store.database
+    db = h.db
     order = db.order_projection.find_one({"_id": "6231cfc8800d284c981b3146:59734"})
     assert order["status"] == "OR_CNF" and order["eventsApplied"] == 1
     # The notification is the next step of the cascade: one outbox entry, not yet sent.
@@ -86,7 +96,7 @@ def test_v1_order_is_upcast_before_the_handler(make_harness: Make) -> None:
     h = make_harness()
     name = "wrapped_v1_order.json"
     h.client.post("/", data=golden.body_bytes(name), headers=golden.load(name)["headers"])
-    order = h.store.database.order_projection.find_one({"orderId": 777})
+    order = h.db.order_projection.find_one({"orderId": 777})
     assert order["status"] == "OR_PLC" and order["lineItems"][0]["sku"] == "SKU-9"
 
 
@@ -164,7 +174,7 @@ def test_not_a_pubsub_delivery_is_400_json(make_harness: Make, body: bytes) -> N
     response = h.client.post("/", data=body, content_type="application/json")
     assert response.status_code == 400
     assert response.json["error"] == "bad_request" and response.json["message"]
-    assert h.store.collection.count_documents({}) == 0
+    assert h.store.summaries() == []
 
 
 def test_too_large_is_413(make_harness: Make) -> None:
@@ -184,22 +194,10 @@ def test_health_and_unknown_routes_answer_json(make_harness: Make) -> None:
 
 def test_store_down_is_503_without_a_traceback(make_harness: Make) -> None:
     router, calls = recording_router()
-    h = make_harness(router=router, mongodb_uri="mongodb://127.0.0.1:9/",
-                     store_timeout_ms=300)
+    h = make_harness(router=router, store=DownStore())
     response = h.push(event())
     assert response.status_code == 503 and response.json["outcome"] == "unavailable"
     assert "Traceback" not in response.get_data(as_text=True) and calls == []
-
-
-def test_round_trips_new_event_two_duplicate_one(make_harness: Make) -> None:
-    router, _ = recording_router()
-    h = make_harness(router=router)
-    h.push(event(), "warm-up", idempotency_key="warm")  # indexes and connection pool
-    with round_trips.measure() as new:
-        assert h.push(event(), idempotency_key="rt-1").json["outcome"] == "processed"
-    with round_trips.measure() as duplicate:
-        assert h.push(event(), idempotency_key="rt-1").json["outcome"] == "duplicate"
-    assert (new.count, duplicate.count) == (2, 1)
 
 
 def test_one_structured_log_line_per_request(make_harness: Make) -> None:
