@@ -18,7 +18,6 @@ from pymongo.database import Database
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from eventbus.model.errors import AlreadyExists, LeaseHeld, StoreUnavailable
-from eventbus.outbox import relay
 from eventbus.settings import Settings
 from eventbus.store.base import OutboxEntry
 from eventbus.store.mongo import INDEXES, OUTBOX_INDEX, MongoEventStore
@@ -60,9 +59,8 @@ class TestIndexes:
         assert info["expire_at_1"].get("expireAfterSeconds") == 0
         assert {model.document["name"] for model in INDEXES} == set(keys) - {"_id_"}
 
-    def test_the_outbox_index_is_one_of_the_indexes_and_the_relays(self) -> None:
+    def test_the_outbox_index_is_one_of_the_indexes(self) -> None:
         assert OUTBOX_INDEX in {model.document["name"] for model in INDEXES}
-        assert relay.OUTBOX_INDEX == OUTBOX_INDEX
 
     def test_unique_key_is_enforced(self, store: MongoEventStore) -> None:
         store.collection.insert_one({"idempotency_key": "k"})
