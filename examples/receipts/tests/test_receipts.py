@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from eventbus.testing import LocalBus
 from receipts.handlers import RECEIPT_SEND, create_router
+
+from eventbus.testing import LocalBus
 
 ENTITY = {"partnerId": "shop-1", "entity_id": "order-7", "entity_type": "Order"}
 

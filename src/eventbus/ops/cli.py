@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from eventbus.model.errors import EventBusError, InvalidEvent, PublishError, StoreUnavailable
+from eventbus.model.errors import EventBusError, InvalidEvent, PublishError
 from eventbus.model.event import Event
 from eventbus.model.keys import rejected_key
 from eventbus.model.status import Status
@@ -197,14 +197,9 @@ def publisher(settings: Settings, timeout: float = 30.0) -> MessagePublisher:
 
 def open_store(settings: Settings) -> EventStore:
     """Return the MongoDB store of ``settings``; ``StoreUnavailable`` for a bad URI."""
-    from pymongo.errors import PyMongoError
-
     from eventbus.store.mongo import MongoEventStore
 
-    try:
-        return MongoEventStore.from_settings(settings)
-    except PyMongoError as exc:
-        raise StoreUnavailable(f"MongoDB is not available: {exc}") from exc
+    return MongoEventStore.from_settings(settings)
 
 
 def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:

@@ -84,7 +84,8 @@ class MongoEventStore:
         reports to the store's own ``round_trips``; a given client is used as it is.
         """
         counter = RoundTrips()
-        client = client if client is not None else _client(settings, counter)
+        with _unavailable("connect to", settings.mongodb_db):
+            client = client if client is not None else _client(settings, counter)
         collection = client[settings.mongodb_db][settings.collection]
         return cls(collection, created_by=settings.service,
                    retention=timedelta(days=settings.retention_days),
