@@ -24,9 +24,10 @@ from typing import Any
 from eventbus.model.errors import AlreadyExists, LeaseHeld
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.memory_ops import MemoryOperatorMixin
 
 
-class MemoryEventStore:
+class MemoryEventStore(MemoryOperatorMixin):
     """The store primitives on a dict; safe to share between threads."""
 
     def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",

@@ -29,6 +29,7 @@ from eventbus.model.errors import AlreadyExists, LeaseHeld, StoreUnavailable
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.mongo_ops import MongoOperatorMixin
 from eventbus.store.roundtrips import RoundTrips
 
 
@@ -61,7 +62,7 @@ def _unavailable(action: str, key: str) -> Iterator[None]:
         raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
 
 
-class MongoEventStore:
+class MongoEventStore(MongoOperatorMixin):
     """The storage primitives of the idempotency state machine, on one collection."""
 
     def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,
