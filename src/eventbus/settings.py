@@ -46,10 +46,34 @@ class Settings:
     guard_collection: str = "side_effects"
     log_level: str = "INFO"
 
+    def __post_init__(self) -> None:
+        """Refuse settings that would serve pushes unauthenticated while auth is on."""
+        validate_auth(self.auth_enabled, self.auth_audience, self.auth_service_accounts)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read the settings from ``environ`` (default ``os.environ``)."""
         return read_env(cls, SOURCES, environ)
+
+
+def validate_auth(enabled: bool, audience: str, service_accounts: tuple[str, ...]) -> None:
+    """Raise ``SettingsError`` when auth is on without an audience or an allow-list.
+
+    Push auth fails closed: with no allowed service account, a token of any
+    Google account would pass, so the service must not start that way.
+    """
+    if not enabled:
+        return
+    if isinstance(service_accounts, str):
+        raise SettingsError("auth_service_accounts must be a tuple of e-mails, not one string")
+    missing = [name for name, empty in (
+        ("EVENTBUS_AUTH_SERVICE_ACCOUNTS", not any(a.strip() for a in service_accounts)),
+        ("EVENTBUS_AUTH_AUDIENCE", not audience.strip())) if empty]
+    if missing:
+        raise SettingsError(f"EVENTBUS_AUTH is on but {' and '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} empty: push auth fails "
+                            "closed; name the push service account(s) and the audience, "
+                            "or turn EVENTBUS_AUTH off")
 
 
 T = TypeVar("T")

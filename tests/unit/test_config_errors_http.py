@@ -19,7 +19,10 @@ from eventbus.web.status import STATUS, error_response
 def test_settings_read_the_environment_once_into_a_frozen_object() -> None:
     settings = Settings.from_env({"MONGODB_URI": "mongodb://x/", "EVENTBUS_LEASE_SECONDS": "2.5",
                                   "EVENTBUS_GUARD_COLLECTION": "effects",
-                                  "EVENTBUS_AUTH": "true", "EVENTBUS_MAX_ATTEMPTS": ""})
+                                  "EVENTBUS_AUTH": "true", "EVENTBUS_MAX_ATTEMPTS": "",
+                                  # auth on needs both (it fails closed: see test_auth.py)
+                                  "EVENTBUS_AUTH_AUDIENCE": "https://svc.example/",
+                                  "EVENTBUS_AUTH_SERVICE_ACCOUNTS": "push@p.iam"})
     assert settings.mongodb_uri == "mongodb://x/" and settings.lease_seconds == 2.5
     assert settings.guard_collection == "effects"
     assert settings.auth_enabled is True and settings.max_attempts == 100
