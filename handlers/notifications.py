@@ -84,8 +84,8 @@ def on_partner_notify_sent(context: Context) -> None:
 
 
 def create_routes(settings: PartnerSettings, session: requests.Session | None = None) -> Router:
-    """Return the two notification steps, the partner call bound to ``settings``."""
+    """Return the two notification steps (internal: only the relay sends them)."""
     routes = Router()
-    routes.handler(NOTIFY)(PartnerNotifier(settings, session))
-    routes.handler(SENT)(on_partner_notify_sent)
+    routes.handler(NOTIFY, internal=True)(PartnerNotifier(settings, session))
+    routes.handler(SENT, internal=True)(on_partner_notify_sent)
     return routes

@@ -30,7 +30,7 @@ class Settings:
     mongodb_db: str = "partner_events"
     collection: str = "partner_events"
     service: str = "partner-eventbus"
-    lease_seconds: float = 60.0
+    lease_seconds: float = 20.0
     max_attempts: int = 100
     retention_days: float = 30.0
     project_id: str = "local-project"

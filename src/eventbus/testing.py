@@ -29,6 +29,7 @@ from typing import Any
 
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import Classifier, PublishError
+from eventbus.model.keys import record_key
 from eventbus.model.router import Router
 from eventbus.ops import cascade
 from eventbus.outbox.relay import Relay
@@ -132,13 +133,16 @@ class LocalBus:
     def publish(self, event_type: str, data: Mapping[str, Any], *, entity: Entity,
                 idempotency_key: str | None = None, ordering_key: str | None = None,
                 version: str = "v1", direction: str = "IN") -> str:
-        """Publish like ``eventbus.publish``, then run it and its cascade; return its key."""
+        """Publish like ``eventbus.publish``, then run it and its cascade.
+
+        Return the key its record is stored under (``eventbus.model.keys.record_key``).
+        """
         event = build_event(event_type, data, entity=entity, version=version,
                             direction=direction)
         body, attributes = build_message(event, key=idempotency_key)
         self.publisher.publish_message(body, attributes, ordering_key=ordering_key)
         self.drain()
-        return attributes["idempotency_key"]
+        return record_key(event, attributes)
 
     def publish_raw(self, data: bytes, attributes: Mapping[str, str] | None = None) -> Result:
         """Deliver ``data`` as it is (an invalid payload, say); return its result."""
@@ -161,14 +165,15 @@ class LocalBus:
         return ran
 
     def _deliver(self, message: Message) -> Result:
-        key = message.attributes.get("idempotency_key", "")
-        if key:
-            self.messages[key] = message
-        delivery = Delivery(data=message.data, attributes=message.attributes,
-                            message_id=message.message_id,
-                            publish_time=self.clock().isoformat(),
-                            ordering_key=message.ordering_key, form="local")
-        return self.processor.process(delivery)
+        result = self.processor.process(self._delivery(message))
+        if result.key:
+            self.messages[result.key] = message
+        return result
+
+    def _delivery(self, message: Message) -> Delivery:
+        return Delivery(data=message.data, attributes=message.attributes,
+                        message_id=message.message_id, publish_time=self.clock().isoformat(),
+                        ordering_key=message.ordering_key, form="local")
 
     def record(self, key: str) -> Record | None:
         """Return the stored record of ``key``."""

@@ -20,6 +20,7 @@ import pytest
 
 from eventbus.model.delivery import Delivery
 from eventbus.model.event import EntityMetadata, Event
+from eventbus.model.keys import fingerprint
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import EventStore
@@ -37,7 +38,7 @@ EVENT = Event(event_type="OR_MGMT", event_version="v2", event_direction="IN",
 DELIVERY = Delivery(data=b"{}", attributes={}, message_id="m-1",
                     publish_time="2026-05-01T12:00:00Z", subscription="projects/p/subs/s",
                     delivery_attempt=1)
-FIELDS = documents.event_fields(EVENT, DELIVERY)
+FIELDS = documents.event_fields(EVENT, DELIVERY, fingerprint=fingerprint(EVENT))
 ERROR = {"type": "PartnerUnavailable", "message": "503", "classification": "transient"}
 
 

@@ -287,7 +287,7 @@ class TestFromSettings:
             assert built.round_trips in options.event_listeners
             assert built.collection.full_name == "db.c"
             assert built.database.name == "db"
-            assert built.lease == timedelta(seconds=60)
+            assert built.lease == timedelta(seconds=20)
         finally:
             built.close()
 

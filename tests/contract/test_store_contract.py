@@ -23,7 +23,7 @@ from eventbus.model.context import Child
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import AlreadyExists, LeaseHeld
 from eventbus.model.event import Event
-from eventbus.model.keys import child_key
+from eventbus.model.keys import child_key, fingerprint
 from eventbus.store import documents
 from eventbus.store.base import Claim, EventStore, OutboxEntry
 from eventbus.store.documents import FAILED, PENDING, PROCESSING, PUBLISHED, SUCCESS
@@ -93,6 +93,7 @@ class TestClaim:
             "created": stamp, "lastUpdatedTime": stamp, "createdBy": SERVICE,
             "expire_at": now + RETENTION, "attempts": 1,
             "lease_until": now + LEASE, "lease_owner": claim.owner,
+            "payload_fingerprint": fingerprint(EVENT),
         }
         assert isinstance(record["event_day_id"], int) and isinstance(record["created"], str)
         assert record["expire_at"].utcoffset() == timedelta(0)
@@ -375,8 +376,9 @@ class TestReject:
     def test_reject_twice_stores_one_record(self, store: EventStore,
                                             now: datetime) -> None:
         key = f"invalid:{uuid.uuid4().hex}"
-        fields = documents.event_fields(None, Delivery(data=b"{bad", attributes={},
-                                                       message_id="m-9"))
+        fields = documents.refused_fields(Delivery(data=b"{bad", attributes={},
+                                                   message_id="m-9"), None)
+        fields.pop("raw_payload")
         error = {"type": "InvalidEvent", "message": "not JSON", "classification": "invalid"}
         assert store.reject(key, fields, now, error, raw_payload="{bad") is True
         before = store.get(key)

@@ -146,12 +146,13 @@ def test_permanent_failure_is_stored_and_acked_once(make_harness: Make) -> None:
 def test_live_lease_gets_503_and_an_expired_one_is_taken(make_harness: Make) -> None:
     router, calls = recording_router()
     h = make_harness(router=router, lease_seconds=30)
-    key = "lease-test"
+    key = "p:p1:lease-test"  # the publisher's key "lease-test", scoped by its partner
     h.store.claim(key, {"event_type": "TEST"}, h.clock())
-    busy = h.push(event(), idempotency_key=key)
+    busy = h.push(event(), idempotency_key="lease-test")
     assert busy.status_code == 503 and busy.json["outcome"] == "in_progress"
+    assert busy.json["idempotency_key"] == key
     h.clock.advance(31)
-    taken = h.push(event(), idempotency_key=key)
+    taken = h.push(event(), idempotency_key="lease-test")
     assert taken.status_code == 200 and taken.json["attempt"] == 2 and len(calls) == 1
 
 

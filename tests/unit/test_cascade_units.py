@@ -18,10 +18,16 @@ from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent, PublishError
 from eventbus.model.event import EntityMetadata, Event, parse_event
-from eventbus.model.keys import MAX_KEY_LENGTH, cascade_links, child_key
+from eventbus.model.keys import (
+    MAX_KEY_LENGTH,
+    canonical_json,
+    cascade_links,
+    child_key,
+    fingerprint,
+)
 from eventbus.ops import cli
 from eventbus.outbox.relay import outbox_message
-from eventbus.pubsub.message import build_event, build_message
+from eventbus.pubsub.message import build_event, build_message, message_attributes
 from eventbus.store.documents import entry_filter, error_document, failed_update, published_update
 from eventbus.testing import CapturingPublisher
 
@@ -60,9 +66,12 @@ def test_an_outbox_entry_carries_the_event_links_and_status() -> None:
         ("parent", "root", NOW)
     # The relay serialises the stored entry into the very message the publisher builds.
     data, attributes = outbox_message(entry)
-    assert (data, attributes) == build_message(ctx.children[0].event, key="parent/0:A",
-                                               extra={"parent_key": "parent", "root_key": "root"})
-    assert parse_event(data, attributes) == ctx.children[0].event
+    child = ctx.children[0].event
+    assert data == canonical_json(child.to_document()).encode()
+    assert attributes == message_attributes(child.event_type, child.event_version, "parent/0:A",
+                                             {"parent_key": "parent", "root_key": "root"})
+    assert parse_event(data, attributes) == child
+    assert entry["payload_fingerprint"] == fingerprint(child)
 
 
 @pytest.mark.parametrize(("event_type", "data", "options"), [
@@ -81,7 +90,7 @@ def test_a_child_that_could_never_be_processed_fails_the_emit(
 
 def test_long_parent_keys_give_bounded_child_keys() -> None:
     key = child_key("k" * MAX_KEY_LENGTH, "A", 0)
-    assert len(key) <= MAX_KEY_LENGTH and key.startswith("A:")
+    assert len(key) <= MAX_KEY_LENGTH and key.startswith("c:")
 
 
 @pytest.mark.parametrize(("attributes", "links"), [

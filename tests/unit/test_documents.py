@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import PublishError
 from eventbus.model.event import EntityMetadata, Event
+from eventbus.model.keys import fingerprint
 from eventbus.store import documents
 from eventbus.store.documents import FAILED, PENDING, PROCESSING, PUBLISHED, SUCCESS
 
@@ -116,6 +117,7 @@ class TestEventFields:
                                 "entity_id": "order-1", "entity_type": "Order"},
             "entity_data": {"orderId": 1, "note": "$notAFieldPath"},
             "pubsub": DELIVERY.pubsub_document(), "parent_key": "p", "root_key": "r",
+            "payload_fingerprint": fingerprint(EVENT),
         }
 
     def test_cascade_links_only_when_given(self) -> None:
@@ -124,7 +126,7 @@ class TestEventFields:
 
     def test_unparseable_payload_gets_defaults(self) -> None:
         delivery = Delivery(data=b"\xff not json", attributes={}, message_id="m")
-        fields = documents.event_fields(None, delivery)
+        fields = documents.refused_fields(delivery, None)
         assert fields["event_type"] == documents.UNKNOWN_TYPE
         assert fields["event_version"] == ""
         assert fields["event_direction"] == "IN"
@@ -138,7 +140,7 @@ class TestEventFields:
                 "entity_metadata": {"partnerId": "p-9", "entity_id": ["x"]}}
         delivery = Delivery(data=json.dumps(body).encode(),
                             attributes={"event_type": "Attr"}, message_id="m")
-        fields = documents.event_fields(None, delivery)
+        fields = documents.refused_fields(delivery, None)
         assert (fields["event_type"], fields["event_version"]) == ("Attr", "")
         assert fields["event_direction"] == "OUT"
         assert fields["entity_metadata"]["partnerId"] == "p-9"
@@ -147,7 +149,7 @@ class TestEventFields:
     def test_salvaged_strings_are_capped(self) -> None:
         delivery = Delivery(data=json.dumps({"event_type": "x" * 10_000}).encode(),
                             attributes={}, message_id="m")
-        assert len(documents.event_fields(None, delivery)["event_type"]) == 256
+        assert len(documents.refused_fields(delivery, None)["event_type"]) == 256
 
 
 class TestUpdates:
@@ -181,7 +183,7 @@ class TestUpdates:
         assert update["$unset"] == {"lease_until": "", "lease_owner": ""}
 
     def test_reject_update_only_sets_on_insert(self) -> None:
-        fields = documents.event_fields(None, DELIVERY)
+        fields = documents.refused_fields(DELIVERY, None)
         update = documents.reject_update(fields, NOW, {"type": "InvalidEvent"}, created_by="svc",
                                        retention=timedelta(days=1), raw_payload="{bad")
         assert list(update) == ["$setOnInsert"]

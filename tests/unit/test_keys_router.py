@@ -9,7 +9,16 @@ from eventbus.model.errors import (
     UnsupportedVersion,
 )
 from eventbus.model.event import EntityMetadata, Event
-from eventbus.model.keys import child_key, idempotency_key, rejected_key
+from eventbus.model.keys import (
+    child_key,
+    conflict_key,
+    digest,
+    fingerprint,
+    message_key,
+    partner_scope,
+    record_key,
+    rejected_key,
+)
 from eventbus.model.router import Router
 
 META = EntityMetadata(partner_id="p1", entity_id="order-1", entity_type="Order")
@@ -19,20 +28,31 @@ def event(version: str = "v1", **data: object) -> Event:
     return Event("OR_MGMT", version, "IN", META, dict(data))
 
 
-def test_publisher_key_wins() -> None:
-    assert idempotency_key(event(), {"idempotency_key": "k-1"}) == "k-1"
+def test_publisher_key_wins_scoped_by_partner() -> None:
+    assert message_key(event(), "k-1") == "k-1"
+    assert record_key(event(), {"idempotency_key": "k-1"}) == "p:p1:k-1"
 
 
 def test_derived_key_is_stable_and_changes_with_the_payload() -> None:
-    first, again = idempotency_key(event(status="A"), {}), idempotency_key(event(status="A"), {})
-    assert first == again and first.startswith("order-1:OR_MGMT:")
-    assert idempotency_key(event(status="B"), {}) != first
+    first, again = record_key(event(status="A"), {}), record_key(event(status="A"), {})
+    assert first == again and first.startswith("p:p1:order-1:OR_MGMT:")
+    assert record_key(event(status="B"), {}) != first
+    assert record_key(event(status="A"), {}) == \
+        record_key(event(status="A"), {"idempotency_key": message_key(event(status="A"))})
 
 
-def test_unprintable_or_huge_key_is_invalid() -> None:
-    for bad in ("a\nb", "x" * 513):
+def test_unprintable_huge_or_child_shaped_key_is_invalid() -> None:
+    for bad in ("a\nb", "x" * 513, "\ud800", "order/0:PARTNER_NOTIFY", "a/12:B"):
         with pytest.raises(InvalidEvent):
-            idempotency_key(event(), {"idempotency_key": bad})
+            record_key(event(), {"idempotency_key": bad})
+
+
+def test_one_partner_cannot_take_another_partners_key() -> None:
+    other = Event("OR_MGMT", "v1", "IN", EntityMetadata("acme:o", "e", "Order"), {})
+    mine = Event("OR_MGMT", "v1", "IN", EntityMetadata("acme", "e", "Order"), {})
+    assert record_key(other, {"idempotency_key": "1"}) != \
+        record_key(mine, {"idempotency_key": "o:1"})
+    assert partner_scope("a:b/c") == "a%3Ab%2Fc"
 
 
 def test_child_keys_are_deterministic_and_distinct() -> None:
@@ -41,9 +61,18 @@ def test_child_keys_are_deterministic_and_distinct() -> None:
     assert len(child_key("k" * 600, "A", 0)) < 100
 
 
-def test_rejected_key_is_per_message() -> None:
-    assert rejected_key(b"x", {}, "1") == rejected_key(b"x", {}, "1")
-    assert rejected_key(b"x", {}, "1") != rejected_key(b"x", {}, "2")
+def test_rejected_and_conflict_keys_accept_any_text() -> None:
+    assert rejected_key(b"x", "1") == rejected_key(b"x", "1")
+    assert rejected_key(b"x", "1") != rejected_key(b"x", "2")
+    assert rejected_key(b"x", "\ud800").startswith("invalid:")
+    assert conflict_key("\ud800", "f").startswith("conflict:")
+    assert digest("\udfff") == digest("\udfff")
+
+
+def test_fingerprints_are_equal_for_equal_payloads_only() -> None:
+    assert fingerprint(event(a=1)) == fingerprint(event(a=1))
+    assert fingerprint(event(a=1)) != fingerprint(event(a=2))
+    assert fingerprint(event(a="\ud800")) == fingerprint(event(a="\ud800"))
 
 
 def noop(context: Context) -> None:

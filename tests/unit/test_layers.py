@@ -115,7 +115,7 @@ def all_imports() -> Iterator[tuple[str, Import]]:
 def test_the_rules_see_every_layer() -> None:
     names = {relative(path) for path in MODULES}
     assert {"eventbus/__init__.py", "eventbus/model/event.py", "eventbus/store/mongo.py",
-            "eventbus/web/app.py", "eventbus/processor.py", "eventbus/testing.py"} <= names
+            "eventbus/web/app.py", "eventbus/processor/machine.py", "eventbus/testing.py"} <= names
     mongo = {found.module for found in imports(PACKAGE / "store" / "mongo.py")}
     assert "pymongo" in mongo and "eventbus.model.errors" in mongo
     context = imports(PACKAGE / "model" / "context.py")

@@ -8,10 +8,11 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from eventbus.model import content
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent
 from eventbus.model.event import EntityMetadata, Event, event_from_document
-from eventbus.model.keys import canonical_json, child_key
+from eventbus.model.keys import canonical_json, child_key, fingerprint
 from eventbus.model.status import Status
 
 if TYPE_CHECKING:  # types only: the model never calls into the guard's layer
@@ -34,6 +35,7 @@ class Child:
         return {"idempotency_key": self.key, **self.event.to_document(),
                 "ordering_key": self.ordering_key, "parent_key": parent_key,
                 "root_key": root_key, "status": Status.PENDING.value, "publish_attempts": 0,
+                "payload_fingerprint": fingerprint(self.event),
                 "created_at": created_at}
 
 
@@ -80,6 +82,9 @@ def _validated(body: Mapping[str, Any]) -> Event:
     # Checked once, here, with the receiver's rules: the relay publishes the
     # stored entry as it is, without parsing it back.
     try:
+        found = content.problem(body)
+        if found:
+            raise InvalidEvent(f"its data cannot be stored: {found}")
         canonical_json(body)
         return event_from_document(body)
     except (InvalidEvent, TypeError, ValueError) as exc:

@@ -29,4 +29,5 @@ class Delivery:
         """Return the Pub/Sub metadata as stored under ``pubsub`` in the event document."""
         return {"messageId": self.message_id, "publishTime": self.publish_time,
                 "subscription": self.subscription, "deliveryAttempt": self.delivery_attempt,
-                "orderingKey": self.ordering_key, "form": self.form}
+                "orderingKey": self.ordering_key, "form": self.form,
+                "attributes": dict(self.attributes)}

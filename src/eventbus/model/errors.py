@@ -49,6 +49,18 @@ class InvalidEvent(PermanentError):
     """Raised when a delivered payload is not a valid event (bad JSON, missing or bad fields)."""
 
 
+class ContentProblem(InvalidEvent):
+    """Raised when a payload holds what no store keeps (too deep, too large, bad text)."""
+
+
+class ForgedLink(InvalidEvent):
+    """Raised when a message claims to be a child that no SUCCESS parent's outbox lists."""
+
+
+class InternalOnly(InvalidEvent):
+    """Raised when an internal event type arrives from outside the relay."""
+
+
 class UnknownEventType(InvalidEvent):
     """Raised when no handler is registered for the event's ``event_type``."""
 
@@ -98,6 +110,22 @@ class AlreadyExists(EventBusError):
     def __init__(self, record: Mapping[str, Any]) -> None:
         super().__init__(f"event {record.get('idempotency_key')!r} already exists")
         self.record = record
+
+
+class Conflict(AlreadyExists):
+    """Raised by the store when a different payload arrives under a claimed key.
+
+    The payload's fingerprint differs from the stored one: the message is
+    recorded as a conflict and never runs or overwrites the record.
+    """
+
+
+class ContentRejected(EventBusError):
+    """Raised by a store that refused a document for its content, not for being unreachable.
+
+    Never transient: retrying the same content fails the same way, so the
+    processor stores the message FAILED for good in a bounded form instead.
+    """
 
 
 class DuplicateHandler(EventBusError):

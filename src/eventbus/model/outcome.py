@@ -14,8 +14,12 @@ class Outcome(enum.Enum):
     RETRY = "retry"
     IN_PROGRESS = "in_progress"
     UNAVAILABLE = "unavailable"
+    CONFLICT = "conflict"
+    """A different payload under a claimed key: recorded, never run (acked)."""
+    LEASE_LOST = "lease_lost"
+    """The handler ran but another worker took the lease meanwhile (503: it decides)."""
 
     @property
     def acked(self) -> bool:
         """True when Pub/Sub must stop delivering the message."""
-        return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED}
+        return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.CONFLICT}

@@ -39,6 +39,9 @@ class Route:
     handler: Handler
     versions: tuple[str, ...]
     upcasters: Mapping[str, Upcaster]
+    internal: bool = False
+    """A step of a cascade: runs only for children the relay published from a
+    SUCCESS parent's outbox, never for a message from outside."""
 
     def upcast(self, event: Event) -> Event:
         """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``."""
@@ -61,10 +64,16 @@ class Router:
         self._routes: dict[str, Route] = {}
 
     def handler(self, event_type: str, *, versions: tuple[str, ...] = ("v1",),
-                upcasters: Mapping[str, Upcaster] | None = None) -> Callable[[Handler], Handler]:
-        """Register the decorated function for ``event_type``."""
+                upcasters: Mapping[str, Upcaster] | None = None,
+                internal: bool = False) -> Callable[[Handler], Handler]:
+        """Register the decorated function for ``event_type``.
+
+        ``internal=True`` declares a step of a cascade (a partner call, say):
+        it runs only for a child the relay published from its parent's outbox.
+        """
         def register(function: Handler) -> Handler:
-            self.add(Route(event_type, function, tuple(versions), dict(upcasters or {})))
+            self.add(Route(event_type, function, tuple(versions), dict(upcasters or {}),
+                           internal))
             return function
         return register
 

@@ -35,7 +35,7 @@ from typing import Any, TextIO
 
 from eventbus.model.errors import EventBusError, InvalidEvent, PublishError
 from eventbus.model.event import Event
-from eventbus.model.keys import rejected_key
+from eventbus.model.keys import record_key, rejected_key
 from eventbus.model.status import Status
 from eventbus.ops import cascade
 from eventbus.outbox.relay import Relay, RelayReport
@@ -89,12 +89,12 @@ def publish_spec(publisher: MessagePublisher, spec: Mapping[str, Any]) -> str:
     """Publish one spec; return the idempotency key it will be stored under."""
     if "raw" in spec:
         data = str(spec["raw"]).encode()
-        return rejected_key(data, {}, publisher.publish_message(data, {}))
+        return rejected_key(data, publisher.publish_message(data, {}))
     event = spec_event(spec)
     given, ordering = _optional_text(spec, "idempotency_key"), _optional_text(spec, "ordering_key")
     data, attributes = build_message(event, key=given)
     publisher.publish_message(data, attributes, ordering_key=ordering)
-    return attributes["idempotency_key"]
+    return record_key(event, attributes)
 
 
 def _optional_text(spec: Mapping[str, Any], name: str) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from eventbus.model.errors import InvalidEvent
 from eventbus.model.event import EntityMetadata, Event, event_from_document
-from eventbus.model.keys import canonical_json, idempotency_key
+from eventbus.model.keys import canonical_json, message_key
 from eventbus.settings import PUBSUB_MAX_DATA_BYTES
 
 Entity = EntityMetadata | Mapping[str, str]
@@ -62,9 +62,12 @@ def build_message(event: Event, *, key: str | None = None,
     Raise ``InvalidEvent`` when the message could never be published or processed:
     a bad key, too many attributes, or data over Pub/Sub's 10 MB.
     """
-    derived = idempotency_key(event, {"idempotency_key": key or ""})
-    attributes = message_attributes(event.event_type, event.event_version, derived, extra)
-    data = canonical_json(event.to_document()).encode()
+    attributes = message_attributes(event.event_type, event.event_version,
+                                    message_key(event, key), extra)
+    try:
+        data = canonical_json(event.to_document()).encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidEvent(f"event holds text that is not valid Unicode: {exc.reason}") from None
     if len(data) > PUBSUB_MAX_DATA_BYTES:
         raise InvalidEvent(f"event is {len(data)} bytes; Pub/Sub takes {PUBSUB_MAX_DATA_BYTES}")
     if len(attributes) > MAX_ATTRIBUTES:

@@ -83,6 +83,10 @@ class EventStore(Protocol):
         """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease."""
         ...
 
+    def renew(self, key: str, owner: str, now: datetime) -> bool:
+        """Extend ``owner``'s lease on ``key`` to ``now + lease``; False when it is not held."""
+        ...
+
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
                error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
         """Store ``key`` FAILED for good unless it exists; True if this call inserted it."""

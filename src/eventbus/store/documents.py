@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from eventbus.model import content, keys
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent
 from eventbus.model.event import DIRECTIONS, Event, json_object
@@ -28,6 +29,8 @@ PUBLISHED = Status.PUBLISHED.value
 STATUSES = (PENDING, PROCESSING, SUCCESS, FAILED)
 
 UNKNOWN_TYPE = "UNKNOWN"
+MINIMAL_FIELDS = ("event_type", "payload_size", "payload_sha256", "conflicts_with")
+"""What is kept of a message when even its bounded form is refused: surely storable."""
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_ERROR_MESSAGE = 2000
 # Salvaged strings from a payload that failed validation are capped like
@@ -65,16 +68,17 @@ def expire_at(created: datetime, retention: timedelta) -> datetime:
     return bson_time(bson_time(created) + retention)
 
 
-def event_fields(event: Event | None, delivery: Delivery, *,
+def event_fields(event: Event, delivery: Delivery, *, fingerprint: str = "",
                  parent_key: str = "", root_key: str = "") -> dict[str, Any]:
     """Return the seed fields stored when the event's record is inserted.
 
-    ``event`` is None when the payload could not be validated; the fields are
-    then salvaged from the attributes and whatever the payload holds, so a
-    rejected event still shows up in its partner's history when it can.
+    ``fingerprint`` identifies the payload (``eventbus.model.keys.fingerprint``,
+    computed when not given): a different payload under the same key is a
+    conflict, never a duplicate.
     """
-    fields = (event.to_document() if event is not None else _salvaged(delivery))
-    fields["pubsub"] = delivery.pubsub_document()
+    fields = event.to_document()
+    fields.update(pubsub=delivery.pubsub_document(),
+                  payload_fingerprint=fingerprint or keys.fingerprint(event))
     if parent_key:
         fields["parent_key"] = parent_key
     if root_key:
@@ -82,11 +86,40 @@ def event_fields(event: Event | None, delivery: Delivery, *,
     return fields
 
 
-def _salvaged(delivery: Delivery) -> dict[str, Any]:
-    try:
-        body = json_object(delivery.data)
-    except InvalidEvent:
-        body = {}
+def refused_fields(delivery: Delivery, event: Event | None) -> dict[str, Any]:
+    """Return the bounded fields of a message that is stored FAILED for good, unprocessed.
+
+    Whatever the message holds, these fields are storable: the metadata is
+    salvaged as short, safely encoded text, the payload is kept as its size,
+    its hash and a bounded copy, and ``entity_data`` only when it is small and
+    storable as it is. A rejected event still shows up in its partner's history.
+    """
+    fields = _salvaged(delivery, event)
+    fields.update(content.payload_summary(delivery.data), pubsub=_safe_pubsub(delivery))
+    data = event.entity_data if event is not None else {}
+    small = content.problem({"d": data}) is None and \
+        len(delivery.data) <= content.MAX_REJECTED_DATA_BYTES
+    fields["entity_data"] = data if small else {}
+    return fields
+
+
+def _safe_pubsub(delivery: Delivery) -> dict[str, Any]:
+    document = delivery.pubsub_document()
+    safe = {name: content.safe_text(value) if isinstance(value, str) else value
+            for name, value in document.items() if name != "attributes"}
+    safe["attributes"] = {content.safe_text(name): content.safe_text(value, 1024)
+                          for name, value in list(delivery.attributes.items())[:100]}
+    return safe
+
+
+def _salvaged(delivery: Delivery, event: Event | None) -> dict[str, Any]:
+    if event is not None:
+        body: dict[str, Any] = event.to_document()
+    else:
+        try:
+            body = json_object(delivery.data)
+        except InvalidEvent:
+            body = {}
     attrs = delivery.attributes
     meta = body.get("entity_metadata")
     meta = meta if isinstance(meta, dict) else {}
@@ -104,7 +137,7 @@ def _salvaged(delivery: Delivery) -> dict[str, Any]:
 def _first_text(*candidates: Any) -> str:
     for value in candidates:
         if isinstance(value, str) and value.strip():
-            return value[:_SALVAGE_MAX]
+            return content.safe_text(value, _SALVAGE_MAX)
     return ""
 
 
@@ -135,13 +168,29 @@ def is_new(previous: Mapping[str, Any] | None) -> bool:
     return previous is None or previous.get("event_status") in (None, "")
 
 
-def claimable(previous: Mapping[str, Any] | None, now: datetime) -> bool:
+def conflicts(previous: Mapping[str, Any] | None, fingerprint: str) -> bool:
+    """Return True when ``previous`` holds a different payload than ``fingerprint``.
+
+    Records stored without a fingerprint, and claims without one, never conflict.
+    Mirrors the first term of ``_take_expression``; change both together.
+    """
+    if previous is None or not fingerprint or is_new(previous):
+        return False
+    stored = previous.get("payload_fingerprint")
+    return stored is not None and stored != fingerprint
+
+
+def claimable(previous: Mapping[str, Any] | None, now: datetime,
+              fingerprint: str = "") -> bool:
     """Return True when a record in state ``previous`` may be claimed at ``now``.
 
-    Mirrors ``claim_pipeline``'s ``_take_expression``; change both together.
+    A different payload (``conflicts``) is never taken. Mirrors
+    ``claim_pipeline``'s ``_take_expression``; change both together.
     """
     if previous is None:
         return True
+    if conflicts(previous, fingerprint):
+        return False
     status = previous.get("event_status")
     if status is None or status in ("", PENDING):
         return True
@@ -177,7 +226,8 @@ def claim_pipeline(fields: Mapping[str, Any], now: datetime, *, owner: str, leas
     scratch decisions.
     """
     new = {"$eq": [{"$ifNull": ["$event_status", ""]}, ""]}
-    decide = {"$set": {_NEW: new, _TAKE: _take_expression(now)}}
+    fingerprint = str(fields.get("payload_fingerprint") or "")
+    decide = {"$set": {_NEW: new, _TAKE: _take_expression(now, fingerprint)}}
     on_insert = {name: _when(_NEW, {"$literal": value}, name)
                  for name, value in insert_fields(fields, now, created_by=created_by,
                                                   retention=retention).items()}
@@ -186,14 +236,19 @@ def claim_pipeline(fields: Mapping[str, Any], now: datetime, *, owner: str, leas
     return [decide, {"$set": {**on_insert, **taken}}, {"$unset": [_NEW, _TAKE]}]
 
 
-def _take_expression(now: datetime) -> dict[str, Any]:
+def _take_expression(now: datetime, fingerprint: str) -> dict[str, Any]:
     status = {"$ifNull": ["$event_status", ""]}
-    return {"$or": [
+    state = {"$or": [
         {"$in": [status, ["", PENDING]]},
         {"$and": [{"$eq": [status, FAILED]}, {"$eq": ["$retryable", True]}]},
         {"$and": [{"$eq": [status, PROCESSING]},
                   {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, bson_time(now)]}]},
     ]}
+    if not fingerprint:
+        return state
+    same = {"$or": [{"$eq": [status, ""]},
+                    {"$eq": [{"$ifNull": ["$payload_fingerprint", fingerprint]}, fingerprint]}]}
+    return {"$and": [same, state]}
 
 
 def _when(flag: str, value: Any, name: str) -> dict[str, Any]:
@@ -237,6 +292,11 @@ def key_filter(key: str) -> dict[str, Any]:
 def owner_filter(key: str, owner: str) -> dict[str, Any]:
     """Return the filter that matches ``key`` only while ``owner`` still holds its lease."""
     return {"idempotency_key": key, "lease_owner": owner, "event_status": PROCESSING}
+
+
+def renew_update(now: datetime, lease: timedelta) -> dict[str, Any]:
+    """Return the update that extends a held lease from ``now`` (``owner_filter`` guards it)."""
+    return {"$set": {"lease_until": bson_time(bson_time(now) + lease)}}
 
 
 def succeed_update(now: datetime, outbox: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from eventbus.model.errors import AlreadyExists, LeaseHeld
+from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
 from eventbus.store.memory_ops import MemoryOperatorMixin
@@ -56,7 +56,10 @@ class MemoryEventStore(MemoryOperatorMixin):
         now = documents.bson_time(now)
         with self._lock:
             previous = self._events.get(key)
-            if previous is not None and not documents.claimable(previous, now):
+            fingerprint = str(fields.get("payload_fingerprint") or "")
+            if documents.conflicts(previous, fingerprint):
+                raise Conflict(copy.deepcopy(previous or {}))
+            if previous is not None and not documents.claimable(previous, now, fingerprint):
                 raise AlreadyExists(copy.deepcopy(previous))
             owner = uuid.uuid4().hex
             attempt = documents.next_attempt(previous)
@@ -113,6 +116,16 @@ class MemoryEventStore(MemoryOperatorMixin):
             record.update(_bson(fields))
             record.pop("lease_until", None)
             record.pop("lease_owner", None)
+        return True
+
+    def renew(self, key: str, owner: str, now: datetime) -> bool:
+        """Extend ``owner``'s lease on ``key`` to ``now + lease``; False when it is not held."""
+        with self._lock:
+            record = self._events.get(key)
+            if (record is None or record.get("lease_owner") != owner
+                    or record.get("event_status") != documents.PROCESSING):
+                return False
+            record["lease_until"] = documents.bson_time(documents.bson_time(now) + self._lease)
         return True
 
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,

@@ -20,12 +20,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from bson.errors import InvalidDocument, InvalidStringData
 from pymongo import ASCENDING, DESCENDING, IndexModel, MongoClient, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.database import Database
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 
-from eventbus.model.errors import AlreadyExists, LeaseHeld, StoreUnavailable
+from eventbus.model.errors import (
+    AlreadyExists,
+    Conflict,
+    ContentRejected,
+    LeaseHeld,
+    StoreUnavailable,
+)
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
@@ -55,11 +62,38 @@ OUTBOX_INDEX = "outbox.status_1"
 
 @contextlib.contextmanager
 def _unavailable(action: str, key: str) -> Iterator[None]:
-    """Turn any pymongo failure inside the block into ``StoreUnavailable``."""
+    """Turn a refusal of the content into ``ContentRejected``, other failures ``StoreUnavailable``.
+
+    The first is never retried (the same content fails the same way); the
+    processor's own checks (``eventbus.model.content``) catch nearly all of
+    it before, this is the backstop for what a particular server refuses.
+    """
     try:
         yield
+    except _CONTENT_ERRORS as exc:
+        raise ContentRejected(f"{action}: the store refused the content: "
+                              f"{type(exc).__name__}") from exc
+    except OperationFailure as exc:
+        if exc.code in CONTENT_ERROR_CODES:
+            raise ContentRejected(f"{action}: the store refused the content: "
+                                  f"code {exc.code}") from exc
+        raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
     except PyMongoError as exc:
         raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+# What the driver raises for content it cannot encode: too large, bad keys or
+# text, integers past 64 bits, nesting beyond the encoder's recursion.
+_CONTENT_ERRORS = (InvalidDocument, InvalidStringData, OverflowError, UnicodeEncodeError,
+                   RecursionError)
+CONTENT_ERROR_CODES = frozenset({
+    15,     # Overflow: nesting depth exceeded
+    52,     # DollarPrefixedFieldName
+    10334,  # BSONObjectTooLarge
+    17280,  # KeyTooLong
+    17419,  # a resulting document would be too large
+})
+"""Server error codes that mean "this content cannot be stored", not "the store is down"."""
 
 
 class MongoEventStore(MongoOperatorMixin):
@@ -130,7 +164,10 @@ class MongoEventStore(MongoOperatorMixin):
         update = documents.claim_pipeline(fields, now, owner=owner, lease=self._lease,
                                         created_by=self._created_by, retention=self._retention)
         previous = self._take(key, update)
-        if previous is not None and not documents.claimable(previous, now):
+        fingerprint = str(fields.get("payload_fingerprint") or "")
+        if documents.conflicts(previous, fingerprint):
+            raise Conflict(previous or {})
+        if previous is not None and not documents.claimable(previous, now, fingerprint):
             raise AlreadyExists(previous)
         return Claim(attempt=documents.next_attempt(previous), owner=owner, previous=previous)
 
@@ -164,6 +201,10 @@ class MongoEventStore(MongoOperatorMixin):
         with _unavailable(action, key):
             result = self._collection.update_one(documents.owner_filter(key, owner), update)
         return result.matched_count == 1
+
+    def renew(self, key: str, owner: str, now: datetime) -> bool:
+        """Extend ``owner``'s lease on ``key`` to ``now + lease``; False when it is not held."""
+        return self._finish(key, owner, documents.renew_update(now, self._lease), "renew")
 
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
                error: Mapping[str, Any], raw_payload: str | None = None) -> bool:

@@ -1,6 +1,13 @@
-"""The one place where outcomes and request errors become HTTP statuses.
+"""The one place where outcomes and request errors become HTTP statuses and bodies.
 
 Pub/Sub acks any 2xx and redelivers, with backoff, anything else.
+
+A body says what happened, never what went wrong inside: the outcome, the
+key, the attempt, the error's type and classification, and the request id
+to find the details in the logs. Exception messages of the store or of a
+handler's calls (MongoDB topology and hosts, partner URLs) go to the logs
+only; a 503 body carries none of them. Only an acked rejection may add
+what is wrong with the input itself (the processor's brief ``Type: what``).
 """
 
 from __future__ import annotations
@@ -18,24 +25,59 @@ STATUS: dict[Outcome, int] = {
     Outcome.RETRY: 503,
     Outcome.IN_PROGRESS: 503,
     Outcome.UNAVAILABLE: 503,
+    Outcome.CONFLICT: 200,
+    Outcome.LEASE_LOST: 503,
 }
 # A failure of our own code outside any handler: nack, so nothing is lost.
 INTERNAL_ERROR_STATUS = 503
 
 
-def outcome_response(result: Result) -> tuple[dict[str, Any], int]:
-    """Return the JSON body and status for a processed delivery."""
+CLASSIFICATION: dict[str, str] = {
+    "rejected": "permanent",
+    "conflict": "conflict",
+    "retry": "transient",
+    "in_progress": "in_progress",
+    "unavailable": "store_unavailable",
+    "lease_lost": "lease_lost",
+}
+"""How each failed outcome (by its value) is classified in the body; no entry: no error."""
+_DEFAULT_TYPE = {"unavailable": "StoreUnavailable", "in_progress": "LeaseHeld",
+                 "lease_lost": "LeaseLost"}
+_MAX_MESSAGE = 300
+
+
+def outcome_response(result: Result, request_id: str = "") -> tuple[dict[str, Any], int]:
+    """Return the JSON body and status for a processed delivery (see the module docstring)."""
+    status = STATUS[result.outcome]
     body: dict[str, Any] = {"outcome": result.outcome.value, "idempotency_key": result.key}
     if result.attempt:
         body["attempt"] = result.attempt
-    if result.error:
-        body["error"] = result.error
-    return body, STATUS[result.outcome]
+    if result.outcome.value in CLASSIFICATION:
+        body.update(_error_fields(result, acked=status < 300))
+    if request_id:
+        body["requestId"] = request_id
+    return body, status
 
 
-def error_response(error: RequestError) -> tuple[dict[str, Any], int]:
+def _error_fields(result: Result, *, acked: bool) -> dict[str, Any]:
+    """Return ``error`` (a type name), ``classification`` and, if acked, ``message``."""
+    head, _, detail = result.error.partition(":")
+    head = head.strip()
+    fields: dict[str, Any] = {
+        "error": head if head.isidentifier() and len(head) <= 100
+        else _DEFAULT_TYPE.get(result.outcome.value, "Error"),
+        "classification": CLASSIFICATION[result.outcome.value]}
+    if acked and detail.strip() and head.isidentifier():
+        fields["message"] = detail.strip()[:_MAX_MESSAGE]
+    return fields
+
+
+def error_response(error: RequestError, request_id: str = "") -> tuple[dict[str, Any], int]:
     """Return the JSON body and status for a request that is not processed."""
-    return {"error": error.code, "message": str(error)}, error.status
+    body = {"error": error.code, "message": str(error)[:_MAX_MESSAGE]}
+    if request_id:
+        body["requestId"] = request_id
+    return body, error.status
 
 
 def internal_error_response(request_id: str) -> tuple[dict[str, Any], int]:

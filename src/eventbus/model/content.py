@@ -1,0 +1,114 @@
+"""What a store can keep: the salvage rule's checks and bounded forms, pure and stack-safe.
+
+Everything in a message is written by someone else. A document the store
+would refuse for its content (too deep, too large, integers past 64 bits,
+text that is not valid Unicode, NUL in a key) must never turn into a 503
+loop: ``problem()`` names what is wrong before anything is stored, the same
+way for the in-memory and the MongoDB store, and the processor then stores
+the message FAILED for good in a bounded form (``bounded_text``,
+``payload_summary``). MongoDB's own refusals are a backstop
+(``eventbus.store.mongo`` maps them to ``ContentRejected``).
+
+The walk is iterative, so a hostile nesting depth cannot exhaust the stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+MAX_DEPTH = 48
+"""Deepest nesting of a stored value; MongoDB allows 100 levels for the whole document,
+and a child's data sits three levels down in its parent's outbox."""
+MAX_BYTES = 8 * 1024 * 1024
+"""Largest estimated BSON size of what one record stores (MongoDB's cap is 16 MiB)."""
+MAX_REJECTED_DATA_BYTES = 256 * 1024
+"""A rejected event keeps its ``entity_data`` only below this size; above, the bounded raw copy."""
+RAW_PAYLOAD_CHARS = 16 * 1024
+"""How much of a refused payload is kept, safely encoded, for operators to read."""
+_INT64 = (-(2**63), 2**63 - 1)
+# Approximate BSON sizes: type byte + key + NUL, then the value.
+_ELEMENT_OVERHEAD = 2
+_SCALAR_BYTES = 8
+
+
+def problem(document: Mapping[str, Any]) -> str | None:
+    """Return why a store would refuse ``document`` (with its nested values), or None."""
+    size = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        found, weight = _scalar(value)
+        if found:
+            return found
+        size += weight
+        if size > MAX_BYTES:
+            return f"larger than {MAX_BYTES // (1024 * 1024)} MiB once stored"
+        children, extra = _children(value)
+        if isinstance(children, str):
+            return children
+        size += extra
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def _scalar(value: Any) -> tuple[str, int]:
+    """Return (problem, estimated bytes) of one value, not counting what it contains."""
+    if isinstance(value, str):
+        return _text_problem(value, "a string"), _ELEMENT_OVERHEAD + 5 + len(value)
+    if isinstance(value, bool) or value is None:
+        return "", _ELEMENT_OVERHEAD + 1
+    if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+        return "an integer does not fit in 64 bits", 0
+    return "", _ELEMENT_OVERHEAD + _SCALAR_BYTES
+
+
+def _children(value: Any) -> tuple[list[Any] | str, int]:
+    """Return the values inside ``value`` and the bytes of their keys, or a problem."""
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                return f"a key is {type(key).__name__}, not text", 0
+            if "\x00" in key:
+                return "a key holds a NUL character", 0
+            found = _text_problem(key, "a key")
+            if found:
+                return found, 0
+        return list(value.values()), sum(len(key) + 1 for key in value)
+    if isinstance(value, list | tuple):
+        # Array elements are keyed "0", "1", ... in BSON.
+        return list(value), len(value) * 7
+    return [], 0
+
+
+def _text_problem(text: str, what: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{what} is not valid Unicode (a lone surrogate)"
+    return ""
+
+
+def bounded_text(raw: bytes | str, limit: int = RAW_PAYLOAD_CHARS) -> str:
+    """Return at most ``limit`` characters of ``raw`` that any store keeps: escapes, not errors.
+
+    Invalid UTF-8 bytes and lone surrogates become backslash escapes, and NUL
+    becomes ``\\x00``, so the copy is readable and storable whatever came in.
+    """
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    text = data[: limit * 4].decode("utf-8", "backslashreplace")
+    return text.replace("\x00", "\\x00")[:limit]
+
+
+def safe_text(value: Any, limit: int = 256) -> str:
+    """Return ``value`` as storable text of at most ``limit`` characters ("" for non-text)."""
+    return bounded_text(value, limit) if isinstance(value, str) else ""
+
+
+def payload_summary(raw: bytes) -> dict[str, Any]:
+    """Return what is kept of a refused payload: size, SHA-256 and a bounded copy."""
+    return {"payload_size": len(raw), "payload_sha256": hashlib.sha256(raw).hexdigest(),
+            "raw_payload": bounded_text(raw)}

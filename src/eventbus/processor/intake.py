@@ -1,0 +1,145 @@
+"""Intake: everything computed once per message before the claim, and whom to trust.
+
+``Intake.locate(delivery)`` parses the event, checks that its content can be
+stored, finds its route, computes its key and its cascade links, and builds
+the fields its record gets; or says why the message can never run, and under
+which key it is stored FAILED instead. The rules (``eventbus.model.keys``):
+
+* a publisher's key is scoped by partner (``p:<partner>:<key>``);
+* a message that claims to be a child (``parent_key`` attribute) is accepted
+  only when the parent is SUCCESS and its outbox lists this child with this
+  payload; its root is the parent's, whatever the attributes say;
+* an internal route runs only for such a child;
+* a message whose content no store keeps is stored under ``invalid:<hash>``
+  in a bounded form, as is a payload that is not an event, or a forged child.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from eventbus.model import content
+from eventbus.model.delivery import Delivery
+from eventbus.model.errors import ContentProblem, ForgedLink, InternalOnly, InvalidEvent
+from eventbus.model.event import Event, parse_event
+from eventbus.model.keys import cascade_links, fingerprint, record_key, rejected_key
+from eventbus.model.router import Route, Router
+from eventbus.model.status import Status
+from eventbus.store import documents
+from eventbus.store.base import EventStore
+
+
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """Where a delivery belongs: its key and record fields, or why it can never run."""
+
+    delivery: Delivery
+    key: str
+    fields: dict[str, Any]
+    event: Event | None = None
+    route: Route | None = None
+    root_key: str = ""
+    error: InvalidEvent | None = None
+    """Set when the message is stored FAILED for good without running."""
+
+    @property
+    def fingerprint(self) -> str:
+        """The payload's fingerprint, as stored with its record."""
+        return str(self.fields.get("payload_fingerprint") or self.fields.get("payload_sha256"))
+
+
+class Intake:
+    """Locates deliveries for one router and store; reads the store only to check a child."""
+
+    def __init__(self, store: EventStore, router: Router) -> None:
+        self.store, self.router = store, router
+
+    def locate(self, delivery: Delivery) -> Located:
+        """Return where ``delivery`` belongs; never raises for anything a message holds."""
+        try:
+            event = _event(delivery)
+        except InvalidEvent as exc:
+            return _refused(delivery, None, exc)
+        try:
+            route = self.router.route_for(event)
+            key, root = self._key(event, delivery, route)
+        except InvalidEvent as exc:
+            return _refused(delivery, event, exc, self._fallback_key(event, delivery, exc))
+        fields = documents.event_fields(event, delivery, fingerprint=fingerprint(event),
+                                        **self._links(delivery, key, root))
+        return Located(delivery, key, fields, event, route, root)
+
+    def _key(self, event: Event, delivery: Delivery, route: Route) -> tuple[str, str]:
+        links = cascade_links(delivery.attributes)
+        if "parent_key" in links:
+            return self._child_key(event, delivery, links["parent_key"])
+        if route.internal:
+            raise InternalOnly(f"{event.event_type} is an internal step of a cascade; "
+                               "it is accepted only from the relay")
+        key = record_key(event, delivery.attributes)
+        return key, key
+
+    def _child_key(self, event: Event, delivery: Delivery, parent_key: str) -> tuple[str, str]:
+        key = delivery.attributes.get("idempotency_key", "")
+        parent = self.store.get(parent_key)
+        entry = _listed(parent, key, fingerprint(event))
+        if parent is None or entry is None:
+            raise ForgedLink(f"no SUCCESS parent {parent_key!r} lists child {key!r} "
+                             "with this payload")
+        return key, str(parent.get("root_key") or parent_key)
+
+    @staticmethod
+    def refuse(delivery: Delivery, event: Event | None) -> Located:
+        """Return the bounded form of ``delivery`` under its ``invalid:`` key, unprocessed."""
+        return _refused(delivery, event, ContentProblem("refused by the store"))
+
+    @staticmethod
+    def _links(delivery: Delivery, key: str, root: str) -> dict[str, str]:
+        if root == key:
+            return {}
+        return {"parent_key": cascade_links(delivery.attributes)["parent_key"], "root_key": root}
+
+    @staticmethod
+    def _fallback_key(event: Event, delivery: Delivery, exc: InvalidEvent) -> str:
+        # A forged child or a bad publisher key never gets the key it asked
+        # for; an unknown type keeps its own, so a replay after the deploy
+        # that adds its handler finds it.
+        if isinstance(exc, ForgedLink | InternalOnly) or "parent_key" in delivery.attributes:
+            return rejected_key(delivery.data, delivery.message_id)
+        try:
+            return record_key(event, delivery.attributes)
+        except InvalidEvent:
+            return rejected_key(delivery.data, delivery.message_id)
+
+
+def _event(delivery: Delivery) -> Event:
+    if delivery.decode_error:
+        raise InvalidEvent(delivery.decode_error)
+    event = parse_event(delivery.data, delivery.attributes)
+    found = content.problem({"event": event.to_document(),
+                             "pubsub": delivery.pubsub_document()})
+    if found:
+        raise ContentProblem(f"the message cannot be stored as it is: {found}")
+    return event
+
+
+def _listed(parent: Mapping[str, Any] | None, key: str,
+            payload: str) -> Mapping[str, Any] | None:
+    if parent is None or parent.get("event_status") != Status.SUCCESS:
+        return None
+    for entry in parent.get("outbox", []):
+        if entry.get("idempotency_key") == key and \
+                entry.get("payload_fingerprint") in (payload, None):
+            return entry
+    return None
+
+
+def _refused(delivery: Delivery, event: Event | None, error: InvalidEvent,
+             key: str = "") -> Located:
+    # Without a key of its own, a message is stored under one derived from
+    # its raw bytes: a redelivery finds it, and nothing it holds is trusted.
+    key = key or rejected_key(delivery.data, delivery.message_id)
+    return Located(delivery, key, documents.refused_fields(delivery, event),
+                   event=event, error=error)
