@@ -106,11 +106,19 @@ class Processor:
         kind = "content" if isinstance(exc, ContentRejected) else "invalid"
         inserted = self._store_refused(located.key, located.fields,
                                        documents.error_document(exc, kind))
-        if not inserted and _other_payload(self.store.get(located.key), located):
-            return self._conflict(located, self.store.get(located.key) or {})
+        if not inserted:
+            return self._already_refused(located)
         logger.error("rejected message %s: %s", located.delivery.message_id, exc)
         return Result(Outcome.REJECTED, key=located.key, error=_brief(exc),
                       event_type=str(located.fields.get("event_type", "")))
+
+    def _already_refused(self, located: Located) -> Result:
+        # Stored before: the same message again is a duplicate; a different
+        # payload under that key (an unknown type reusing a key) is a conflict.
+        record = self.store.get(located.key) or {}
+        if _other_payload(record, located):
+            return self._conflict(located, record)
+        return _existing(record, located)
 
     def _store_refused(self, key: str, fields: Mapping[str, Any],
                        error: Mapping[str, Any]) -> bool:
