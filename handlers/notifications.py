@@ -5,7 +5,9 @@ A domain handler calls ``notify_partner(context, kind, payload)``, which emits
 
 1. ``PARTNER_NOTIFY`` calls the partner endpoint (``EVENTBUS_PARTNER_URL``)
    through ``eventbus.guard``, which makes the call once per event key,
-   and emits ``PARTNER_NOTIFY_SENT``;
+   and emits ``PARTNER_NOTIFY_SENT``; the URL and the ``Idempotency-Key``
+   header follow the rules of ``handlers.partners`` and are built inside the
+   guarded call;
 2. ``PARTNER_NOTIFY_SENT`` records the notification in
    ``partner_notifications``, once.
 
@@ -17,14 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
 import requests
 from pymongo.errors import DuplicateKeyError
 
-from eventbus import Context, Router
-from handlers.common import require
-from handlers.partners import PartnerClient
+from eventbus import Context, PermanentError, Router
+from handlers.common import CONTENT_ERRORS, require
+from handlers.partners import PartnerClient, partner_url
 from handlers.settings import PartnerSettings
 
 NOTIFY = "PARTNER_NOTIFY"
@@ -51,7 +52,7 @@ class PartnerNotifier:
         body = {"kind": kind, "partnerId": meta.partner_id, "entity_id": meta.entity_id,
                 "entity_type": meta.entity_type, "payload": payload,
                 "idempotencyKey": context.key}
-        delivered = self.client(context).deliver(context.key, self.url(context), body)
+        delivered = self.client(context).deliver(context.key, lambda: self.url(context), body)
         context.emit(SENT, {"kind": kind, "payload": payload, "notification": context.key,
                             "statusCode": delivered.status_code}, direction="OUT")
 
@@ -63,9 +64,8 @@ class PartnerNotifier:
                              session=self.session)
 
     def url(self, context: Context) -> str:
-        """Return the partner endpoint for this event's partner."""
-        partner = quote(context.event.entity_metadata.partner_id, safe="")
-        return self.settings.url.format(partnerId=partner)
+        """Return the partner endpoint for this event's partner (``partner_url``)."""
+        return partner_url(self.settings.url, context.event.entity_metadata.partner_id)
 
 
 def on_partner_notify_sent(context: Context) -> None:
@@ -81,6 +81,8 @@ def on_partner_notify_sent(context: Context) -> None:
         context.db[NOTIFICATIONS].insert_one(document)
     except DuplicateKeyError:
         context.log.info("notification %s already recorded", document["_id"])
+    except CONTENT_ERRORS as exc:
+        raise PermanentError(f"notification cannot be stored: {type(exc).__name__}") from exc
 
 
 def create_routes(settings: PartnerSettings, session: requests.Session | None = None) -> Router:

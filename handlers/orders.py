@@ -8,13 +8,24 @@ Version 2 is current: ``orderId``, ``orderStatusLatest``,
 ``orderStatusLatestTimestamp`` (epoch seconds), ``orderLineItems`` and
 ``orderSummary``. Version 1 events (``status``, ``timestamp``, ``items``)
 are upcast to version 2 before the handler sees them.
+
+The timestamp must be plausible epoch seconds and the order id a 64-bit
+integer or short text (``handlers.common``); the projection's id cannot
+collide across partners (``projection_id``).
 """
 
 from __future__ import annotations
 
 from eventbus import Context, PermanentError, Router
 from eventbus.model.event import Event
-from handlers.common import apply_projection, require
+from handlers.common import (
+    apply_projection,
+    event_time,
+    projection_id,
+    require,
+    require_id,
+    require_text,
+)
 from handlers.notifications import notify_partner
 
 ORDER_STATUSES = {"OR_PLC": "placed", "OR_CNF": "confirmed", "OR_SHP": "shipped",
@@ -38,16 +49,17 @@ def order_v1_to_v2(event: Event) -> Event:
 def on_order_event(context: Context) -> None:
     """Project the order's latest status; notify the partner of the transitions it wants."""
     data = context.event.entity_data
-    order_id = require(data, "orderId", (int, str))
+    order_id = require_id(data, "orderId")
     status = require(data, "orderStatusLatest", str)
     if status not in ORDER_STATUSES:
         raise PermanentError(f"unknown order status {status!r}")
-    as_of = require(data, "orderStatusLatestTimestamp", (int, float))
-    partner = context.event.entity_metadata.partner_id
+    as_of = event_time(context, data, "orderStatusLatestTimestamp")
+    partner = require_text(context.event.entity_metadata.partner_id, "partnerId")
     state = {"orderId": order_id, "partnerId": partner, "status": status,
              "statusName": ORDER_STATUSES[status], "lineItems": data.get("orderLineItems", []),
              "summary": data.get("orderSummary", {})}
-    applied = apply_projection(context, "order_projection", f"{partner}:{order_id}", as_of, state)
+    applied = apply_projection(context, "order_projection", projection_id(partner, order_id),
+                               as_of, state)
     if applied and status in NOTIFY_ON:
         notify_partner(context, "order-status",
                        {"orderId": order_id, "status": status, "asOf": as_of})

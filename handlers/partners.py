@@ -11,13 +11,32 @@ The partner's answer is classified and recorded on the guard record:
 * 408, 429, 5xx, other non-4xx answers, network errors and timeouts →
   ``PartnerUnavailable`` (transient): the event is retried;
 * any other 4xx → ``PartnerRejected`` (permanent): stored FAILED for good.
+
+**The ``Idempotency-Key`` header** (``idempotency_header``) is the event key
+itself when the key is printable ASCII (``0x20``-``0x7E``) with no leading or
+trailing whitespace, at most 200 characters, and does not start with
+``sha256:``; any other key is sent as ``sha256:`` followed by the hex SHA-256
+of its UTF-8 bytes (lone surrogates passed through, ``surrogatepass``). So
+every key, Cyrillic or with a leading space or a NUL, gives a header that
+HTTP can carry, and two different keys never share a header.
+
+**The URL** (``partner_url``): the partner id is one path segment,
+percent-encoded with ``quote(partner_id, safe="")``; an empty id, ``.``,
+``..`` or text that is not valid Unicode is refused with ``BadPartnerId``
+(permanent) before any call.
+
+Everything the call needs (URL, header, body) is built inside the guarded
+effect, so any failure, even one raised before the HTTP request, stores the
+guard record FAILED and releases its lease.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -25,6 +44,11 @@ from eventbus import PermanentError, TransientError
 from eventbus.guard import Guard
 
 RETRYABLE_4XX = frozenset({408, 429})
+MAX_HEADER_KEY = 200
+HASHED_PREFIX = "sha256:"
+# Raised by requests for a request that could never be sent as built: permanent.
+_UNSENDABLE = (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
+               requests.exceptions.MissingSchema, requests.exceptions.InvalidHeader)
 
 
 class PartnerUnavailable(TransientError):
@@ -33,6 +57,30 @@ class PartnerUnavailable(TransientError):
 
 class PartnerRejected(PermanentError):
     """Raised when a partner endpoint answered a 4xx other than 408 and 429."""
+
+
+class BadPartnerId(PermanentError):
+    """Raised when a partner id cannot be one segment of the partner URL's path."""
+
+
+def idempotency_header(key: str) -> str:
+    """Return the ``Idempotency-Key`` header value for an event key (rule in the docstring)."""
+    plain = (0 < len(key) <= MAX_HEADER_KEY and key == key.strip()
+             and all(" " <= char <= "~" for char in key) and not key.startswith(HASHED_PREFIX))
+    if plain:
+        return key
+    return HASHED_PREFIX + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def partner_url(template: str, partner_id: str) -> str:
+    """Fill ``template``'s ``{partnerId}`` with the percent-encoded ``partner_id``."""
+    if partner_id in ("", ".", ".."):
+        raise BadPartnerId(f"partnerId {partner_id!r} cannot be a URL path segment")
+    try:
+        segment = quote(partner_id, safe="")
+    except UnicodeEncodeError:
+        raise BadPartnerId("partnerId is not valid Unicode text (a lone surrogate)") from None
+    return template.format(partnerId=segment)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,18 +113,31 @@ class PartnerClient:
                  session: requests.Session | None = None) -> None:
         self.guard, self.timeout, self.session = guard, timeout, session
 
-    def deliver(self, key: str, url: str, body: Mapping[str, Any]) -> Delivered:
-        """POST ``body`` to ``url`` once per ``key``; raise on a failed or refused call."""
-        done = self.guard.run(key, lambda: {"status_code": self._call(key, url, body),
-                                            "url": url},
+    def deliver(self, key: str, url: str | Callable[[], str],
+                body: Mapping[str, Any]) -> Delivered:
+        """POST ``body`` to ``url`` once per ``key``; raise on a failed or refused call.
+
+        ``url`` may be a function: it is then called inside the guarded effect,
+        so a URL that cannot be built fails the guard record like a failed call.
+        """
+        done = self.guard.run(key, lambda: self._effect(key, url, body),
                               classify=_classification)
         return Delivered(key, int(done.result.get("status_code", 0)), skipped=done.skipped)
 
+    def _effect(self, key: str, url: str | Callable[[], str],
+                body: Mapping[str, Any]) -> dict[str, Any]:
+        target = url() if callable(url) else url
+        return {"status_code": self._call(key, target, body), "url": target}
+
     def _call(self, key: str, url: str, body: Mapping[str, Any]) -> int:
+        headers = {"Idempotency-Key": idempotency_header(key)}
         try:
             post = self.session.post if self.session is not None else requests.post
             response = post(url, json=dict(body), timeout=self.timeout,
-                            headers={"Idempotency-Key": key}, allow_redirects=False)
+                            headers=headers, allow_redirects=False)
+        except _UNSENDABLE as exc:
+            raise PartnerRejected(f"partner call to {url} cannot be sent: "
+                                  f"{type(exc).__name__}: {exc}") from exc
         except requests.RequestException as exc:
             raise PartnerUnavailable(f"partner call to {url} failed: "
                                      f"{type(exc).__name__}: {exc}") from exc

@@ -41,9 +41,9 @@ class PushService:
         result: Result | None = None
         try:
             result = self._process(request, request_id)
-            body, status = status_table.outcome_response(result)
+            body, status = status_table.outcome_response(result, request_id)
         except RequestError as exc:
-            body, status = status_table.error_response(exc)
+            body, status = status_table.error_response(exc, request_id)
         except Exception:  # our own bug: log it, nack it, never show a traceback
             logger.exception("unexpected error", extra={"requestId": request_id})
             body, status = status_table.internal_error_response(request_id)
