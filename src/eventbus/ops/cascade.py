@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from eventbus.model.status import Status
+from eventbus.ops.render import safe
 from eventbus.store.base import EventStore
 
 # Cascades are a few steps deep; the cap only stops a corrupted loop.
@@ -75,9 +76,11 @@ def render(node: Node, marked: str = "") -> str:
 
 def _lines(node: Node, first: str, rest: str, marked: str) -> Iterator[str]:
     arrow = "  <--" if node.key == marked else ""
-    yield f"{first}{node.event_type}  {node.status}  {node.key}{_published(node)}{arrow}"
+    # Keys, types and errors come from messages: escaped, so none can move the cursor.
+    yield (f"{first}{safe(node.event_type)}  {node.status}  {safe(node.key)}"
+           f"{_published(node)}{arrow}")
     if node.error:
-        yield f"{rest}    error: {node.error}"
+        yield f"{rest}    error: {safe(node.error)}"
     for number, child in enumerate(node.children, 1):
         last = number == len(node.children)
         yield from _lines(child, rest + ("└─ " if last else "├─ "),
@@ -89,8 +92,9 @@ def _published(node: Node) -> str:
     if entry is None:
         return ""
     if entry.get("status") == Status.PUBLISHED:
-        return f"  [published {entry.get('published_at')}, messageId {entry.get('messageId')}]"
+        return (f"  [published {entry.get('published_at')}, "
+                f"messageId {safe(entry.get('messageId'))}]")
     attempts = entry.get("publish_attempts", 0)
     last = (entry.get("last_error") or {}).get("message", "")
-    return f"  [outbox {entry.get('status')}, {attempts} publish attempts" + \
-        (f", last error: {last}]" if last else "]")
+    return f"  [outbox {safe(entry.get('status'))}, {attempts} publish attempts" + \
+        (f", last error: {safe(last)}]" if last else "]")

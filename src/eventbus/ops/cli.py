@@ -1,7 +1,19 @@
-"""The ``eventbus`` console script: ``eventbus publish|status|relay|trace``.
+"""The ``eventbus`` console script: publish, look, repair.
 
-Reads the same settings as the service (``Settings.from_env``) and reaches the
-events only through the store protocol.
+Reads the same settings as the service (``Settings.from_env``), after
+loading the nearest ``.env`` (``eventbus.ops.dotenv``; the real environment
+wins), and reaches the events only through the store protocol. Every stored
+value it prints is escaped (``eventbus.ops.render``).
+
+The operator commands (seed 002's queries, replay, the dead-letter drain,
+the console) live in ``eventbus.ops.commands``; ``eventbus COMMAND --help``
+tells each one's options:
+
+* ``failed``, ``history --partner ID``, ``show KEY``, ``stats``, ``retries``;
+* ``replay KEY...|--group ID|FILTERS``, ``dlq drain``;
+* ``console [--port N] [--read-only]``.
+
+The commands of the bus itself:
 
 * ``publish FILE|-``: publish events from a JSON file or stdin (one event or a
   list). Each published event prints ``#N TYPE KEY`` on stdout; each event
@@ -37,7 +49,11 @@ from eventbus.model.errors import EventBusError, InvalidEvent, PublishError
 from eventbus.model.event import Event
 from eventbus.model.keys import record_key, rejected_key
 from eventbus.model.status import Status
-from eventbus.ops import cascade
+from eventbus.ops import cascade, dotenv
+from eventbus.ops.commands import console, queries, repair
+from eventbus.ops.commands.common import Tools, UsageError
+from eventbus.ops.config import OpsSettings
+from eventbus.ops.render import safe
 from eventbus.outbox.relay import Relay, RelayReport
 from eventbus.pubsub.message import MessagePublisher, build_event, build_message
 from eventbus.settings import Settings, SettingsError
@@ -176,13 +192,14 @@ def status_table(store: EventStore, keys: Iterable[str] | None = None) -> str:
     for event_type in sorted({event_type for event_type, _ in rows}):
         counts = [rows[(event_type, column)] for column in columns]
         lines.append(_row([event_type, *map(str, counts), str(sum(counts))]))
-    lines += [f"  FAILED {doc['idempotency_key']}: {doc.get('error', {}).get('message', '')}"
+    lines += [f"  FAILED {safe(doc['idempotency_key'])}: "
+              f"{safe((doc.get('error') or {}).get('message', ''))}"
               for doc in docs if doc.get("event_status") == Status.FAILED]
     return "\n".join(lines)
 
 
 def _row(cells: Sequence[str]) -> str:
-    return "  " + "".join(f"{cell:<20}" for cell in cells)
+    return "  " + "".join(f"{safe(cell):<20}" for cell in cells)
 
 
 def publisher(settings: Settings, timeout: float = 30.0) -> MessagePublisher:
@@ -202,25 +219,26 @@ def open_store(settings: Settings) -> EventStore:
     return MongoEventStore.from_settings(settings)
 
 
-def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_publish(args: argparse.Namespace, tools: Tools) -> int:
     """Publish events from a file or stdin."""
+    settings = tools.settings
     specs = load_specs(args.file)
-    keys = publish_all(publisher(settings, args.timeout), specs, sys.stdout)
+    keys = publish_all(tools.publisher(args.timeout), specs, sys.stdout)
     print(f"eventbus: published {len(keys)} of {len(specs)} events to {settings.topic}",
           file=sys.stderr)
     return 0 if len(keys) == len(specs) else 1
 
 
-def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_status(args: argparse.Namespace, tools: Tools) -> int:
     """Print the status table of every stored event."""
-    print(status_table(open_store(settings)))
+    print(status_table(tools.store()))
     return 0
 
 
-def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_relay(args: argparse.Namespace, tools: Tools) -> int:
     """Run the outbox sweeper once, or every ``--interval`` seconds until interrupted."""
-    store = open_store(settings)
-    relay = Relay(store, publisher(settings), now=lambda: dt.datetime.now(dt.UTC))
+    store = tools.store()
+    relay = Relay(store, tools.publisher(), now=lambda: dt.datetime.now(dt.UTC))
     grace = dt.timedelta(seconds=args.grace)
     while True:
         code = sweep_once(store, relay, grace, verbose=args.once)
@@ -243,11 +261,11 @@ def sweep_once(store: EventStore, relay: Relay, grace: dt.timedelta, *,
     return 1 if report.failed else 0
 
 
-def cmd_trace(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_trace(args: argparse.Namespace, tools: Tools) -> int:
     """Print the cascade of ``args.key`` from its root."""
-    tree = cascade.load(open_store(settings), args.key)
+    tree = cascade.load(tools.store(), args.key)
     if tree is None:
-        print(f"eventbus: no event with idempotency key {args.key!r}", file=sys.stderr)
+        print(f"eventbus: no event with idempotency key {safe(args.key)!r}", file=sys.stderr)
         return 1
     print(cascade.render(tree, marked=args.key))
     return 0
@@ -284,19 +302,37 @@ def parser() -> argparse.ArgumentParser:
     trace_ = commands.add_parser("trace", help="print the cascade of an event from its root")
     trace_.add_argument("key", help="the idempotency key of any event of the cascade")
     trace_.set_defaults(run=cmd_trace)
+    for module in (queries, repair, console):
+        module.add(commands)
     return root
 
 
+def tools(settings: Settings) -> Tools:
+    """Return the tools of the commands: this module's ``open_store`` and ``publisher``.
+
+    Looked up at call time, so a test can swap either for a fake.
+    """
+    return Tools(settings, OpsSettings.from_env(settings),
+                 open_store=lambda: open_store(settings),
+                 open_publisher=lambda timeout: publisher(settings, timeout))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status.
+
+    Run as a program (no ``argv``), it first loads the nearest ``.env``; a
+    caller that passes ``argv`` chose its environment already.
+    """
+    if argv is None:
+        dotenv.load()
     args = parser().parse_args(argv)
     try:
-        code: int = args.run(args, Settings.from_env())
-    except (InputError, SettingsError) as exc:
-        print(f"eventbus: {exc}", file=sys.stderr)
+        code: int = args.run(args, tools(Settings.from_env()))
+    except (InputError, SettingsError, UsageError) as exc:
+        print(f"eventbus: {safe(exc)}", file=sys.stderr)
         return 2
     except EventBusError as exc:
-        print(f"eventbus: {exc}", file=sys.stderr)
+        print(f"eventbus: {safe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

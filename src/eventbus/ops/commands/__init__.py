@@ -1,0 +1,10 @@
+"""The operator commands of the ``eventbus`` console script, one module per family.
+
+* ``common``: the tools every command gets, the filter options, output;
+* ``queries``: ``failed``, ``history``, ``show``, ``stats``, ``retries``;
+* ``repair``: ``replay``, ``dlq drain``;
+* ``console``: ``console``, the web console on 127.0.0.1.
+
+Each module's ``add(commands)`` registers its sub-commands; each command is
+``run(args, tools) -> exit status``.
+"""

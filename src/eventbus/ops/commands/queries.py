@@ -1,0 +1,268 @@
+"""The read-only operator commands: ``failed``, ``history``, ``show``, ``stats``, ``retries``.
+
+Each prints a table (every stored value escaped) or, with ``--json``, ASCII JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from eventbus.ops import backoff, cascade
+from eventbus.ops.commands.common import (
+    Tools,
+    add_filters,
+    add_json,
+    positive,
+    query_of,
+    since,
+)
+from eventbus.ops.operations import (
+    EventView,
+    FailedReport,
+    Stats,
+    event_view,
+    failed_groups,
+    history,
+    labels,
+    stats,
+    status_label,
+)
+from eventbus.ops.render import duration, moment, safe, table, to_json
+from eventbus.store.base import Record
+
+
+def add(commands: Any) -> None:
+    """Register the commands on the ``eventbus`` sub-parsers."""
+    failed = commands.add_parser("failed", help="failed events, grouped by cause (seed 002)")
+    add_filters(failed)
+    failed.add_argument("--list", action="store_true", help="list the events, not the groups")
+    add_json(failed)
+    failed.set_defaults(run=cmd_failed)
+    partner = commands.add_parser("history", help="a partner's events, newest first (seed 002)")
+    partner.add_argument("--partner", required=True, help="entity_metadata.partnerId")
+    partner.add_argument("--limit", type=positive, default=100, help="at most (default 100)")
+    add_json(partner)
+    partner.set_defaults(run=cmd_history)
+    show = commands.add_parser("show", help="one event: record, attempts, error, cascade")
+    show.add_argument("key", help="the idempotency key")
+    add_json(show)
+    show.set_defaults(run=cmd_show)
+    add_stats(commands)
+    add_retries(commands)
+
+
+def add_stats(commands: Any) -> None:
+    """Register ``stats``."""
+    window = commands.add_parser("stats", help="events by type, status and partner in a window")
+    when = window.add_mutually_exclusive_group()
+    when.add_argument("--since", type=since, help="2h, 7d or an ISO time")
+    when.add_argument("--hours", type=positive, help="the last N hours (default 24)")
+    add_json(window)
+    window.set_defaults(run=cmd_stats)
+
+
+def add_retries(commands: Any) -> None:
+    """Register ``retries``."""
+    retries = commands.add_parser("retries", help="backoff analysis from the attempt histories")
+    retries.add_argument("--min-backoff", type=float, default=10.0,
+                         help="seconds, when Pub/Sub cannot be asked (default 10)")
+    retries.add_argument("--max-backoff", type=float, default=600.0,
+                         help="seconds, when Pub/Sub cannot be asked (default 600)")
+    retries.add_argument("--offline", action="store_true",
+                         help="do not ask Pub/Sub for the subscription's policy")
+    retries.add_argument("--nearest", type=positive, default=10,
+                         help="how many events nearest the attempt cap (default 10)")
+    add_json(retries)
+    retries.set_defaults(run=cmd_retries)
+
+
+# -- failed --------------------------------------------------------------------------------
+
+def cmd_failed(args: argparse.Namespace, tools: Tools) -> int:
+    """Print the failed events of the filters, grouped by cause (or listed)."""
+    report = failed_groups(tools.store(), query_of(args))
+    data = {"groups": [group.to_json() for group in report.groups],
+            "truncated": report.truncated}
+    if args.list:
+        data = {"events": [_row_json(record) for record in report.records],
+                "truncated": report.truncated}
+    tools.emit(data, failed_text(report, listed=args.list), args)
+    return 0
+
+
+def failed_text(report: FailedReport, *, listed: bool = False) -> str:
+    """Return the groups table (or the events table) of a failed report."""
+    if not report.records:
+        return "no failed events"
+    if listed:
+        text = events_table(report.records)
+    else:
+        text = table(["group", "count", "retrying", "final", "event_type", "error", "message"],
+                     [[g.id, g.count, g.retrying, g.final, g.event_type, g.error_type, g.message]
+                      for g in report.groups])
+        text += f"\n\n{len(report.records)} failed events in {len(report.groups)} groups" \
+                "; replay one group: eventbus replay --group <group>"
+    return text + ("\n(truncated: narrow the filters)" if report.truncated else "")
+
+
+def events_table(records: list[Record]) -> str:
+    """Return a table of records: created, key, type, status, attempts, partner, error."""
+    return table(["created", "key", "event_type", "status", "attempts", "partner", "error"],
+                 [[moment(r.get("created")), r.get("idempotency_key"), r.get("event_type"),
+                   status_label(r), r.get("attempts", 0), _partner(r), _error(r)]
+                  for r in records])
+
+
+def _row_json(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {"key": record.get("idempotency_key"), "event_type": record.get("event_type"),
+            "status": status_label(record), "attempts": record.get("attempts", 0),
+            "partner": _partner(record), "created": moment(record.get("created")),
+            "error": record.get("error")}
+
+
+def _partner(record: Mapping[str, Any]) -> Any:
+    meta = record.get("entity_metadata")
+    return meta.get("partnerId") if isinstance(meta, Mapping) else None
+
+
+def _error(record: Mapping[str, Any]) -> str:
+    error = record.get("error")
+    if not isinstance(error, Mapping):
+        return ""
+    return f"{error.get('type', '?')}: {error.get('message', '')}"
+
+
+# -- history, show -------------------------------------------------------------------------
+
+def cmd_history(args: argparse.Namespace, tools: Tools) -> int:
+    """Print a partner's events, newest first."""
+    records = history(tools.store(), args.partner, args.limit)
+    text = events_table(records) if records else f"no events of partner {safe(args.partner)}"
+    tools.emit({"partner": args.partner, "events": [_row_json(r) for r in records]}, text, args)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, tools: Tools) -> int:
+    """Print one event: the record, its attempt timeline, its error, its cascade."""
+    view = event_view(tools.store(), args.key)
+    if view is None:
+        print(f"eventbus: no event with idempotency key {safe(args.key)!r}", file=tools.err)
+        return 1
+    tools.emit(view.to_json(), show_text(view), args)
+    return 0
+
+
+def show_text(view: EventView) -> str:
+    """Return the text of ``show``: fields, attempts, replays, cascade, data."""
+    record = view.record
+    lines = [f"{name + ':':<14}{safe(value)}" for name, value in _summary(record)]
+    lines += ["", "attempts:", _indent(table(
+        ["#", "at", "since previous", ""],
+        [[a.number, a.at.isoformat() if a.at else "?", duration(a.delay_ms),
+          "after a replay" if a.after_replay else ""] for a in view.attempts]))]
+    replays = [r for r in record.get("replays", []) if isinstance(r, Mapping)]
+    if replays:
+        lines += ["", "replays:", _indent(table(
+            ["at", "by", "why", "attempt", "data"],
+            [[r.get("at"), r.get("by"), r.get("why"), r.get("attempt"),
+              to_json(r["data"]) if "data" in r else ""] for r in replays]))]
+    if view.tree is not None:
+        lines += ["", "cascade:", _indent(cascade.render(view.tree, marked=view.key))]
+    body = record.get("entity_data") if "raw_payload" not in record else record["raw_payload"]
+    lines += ["", "raw_payload:" if "raw_payload" in record else "entity_data:",
+              _indent(to_json(body))]
+    return "\n".join(lines)
+
+
+def _summary(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    found = record.get("entity_metadata")
+    meta: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    rows: list[tuple[str, Any]] = [
+        ("key", record.get("idempotency_key")),
+        ("event", f"{record.get('event_type')} {record.get('event_version')} "
+                  f"{record.get('event_direction')}"),
+        ("status", status_label(record)),
+        ("attempts", f"{record.get('attempts', 0)}" + (
+            f" (replayed at {record['replayed_at_attempt']})"
+            if "replayed_at_attempt" in record else "")),
+        ("partner", f"{meta.get('partnerId')} {meta.get('partnerName') or ''}".rstrip()),
+        ("entity", f"{meta.get('entity_type')} {meta.get('entity_id')}"),
+        ("created", moment(record.get("created"))),
+        ("updated", moment(record.get("lastUpdatedTime"))),
+    ]
+    if record.get("error"):
+        rows.append(("error", _error(record) + f" [{record['error'].get('classification')}]"))
+    if isinstance(record.get("dead_lettered"), Mapping):
+        mark = record["dead_lettered"]
+        rows.append(("dead-lettered", f"{mark.get('at')} from {mark.get('subscription')} "
+                                      f"(messageId {mark.get('messageId')})"))
+    return rows
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+# -- stats, retries ------------------------------------------------------------------------
+
+def cmd_stats(args: argparse.Namespace, tools: Tools) -> int:
+    """Print events by type, status and partner created in the window."""
+    start = args.since or tools.now() - dt.timedelta(hours=args.hours or 24)
+    counts = stats(tools.store(), start)
+    tools.emit(counts.to_json(), stats_text(counts), args)
+    return 0
+
+
+def stats_text(counts: Stats) -> str:
+    """Return the two tables of ``stats``: by type and by partner."""
+    if not counts.total:
+        return f"no events created since {counts.since.isoformat()}"
+    columns = labels([*counts.by_type.values()])
+    parts = [f"{counts.total} events created since {counts.since.isoformat()}"]
+    for title, rows in (("event_type", counts.by_type), ("partner", counts.by_partner)):
+        parts.append(table([title, *columns, "total"],
+                           [[name, *(c[label] for label in columns), sum(c.values())]
+                            for name, c in sorted(rows.items())]))
+    return "\n\n".join(parts)
+
+
+def cmd_retries(args: argparse.Namespace, tools: Tools) -> int:
+    """Print the backoff analysis and the events nearest the attempt cap."""
+    policy = _policy(args, tools)
+    report = backoff.analyse(tools.store(), policy, tools.settings.max_attempts,
+                             nearest=args.nearest)
+    tools.emit(report.to_json(), retries_text(report), args)
+    return 0
+
+
+def _policy(args: argparse.Namespace, tools: Tools) -> backoff.Policy:
+    flags = backoff.Policy(args.min_backoff, args.max_backoff, "flags")
+    if args.offline:
+        return flags
+    try:
+        return backoff.subscription_policy(tools.settings.project_id, tools.ops.subscription)
+    except Exception as exc:  # any failure to ask Pub/Sub: fall back to the flags
+        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        return backoff.Policy(args.min_backoff, args.max_backoff,
+                              f"flags (Pub/Sub not reachable: {reason})")
+
+
+def retries_text(report: backoff.RetryReport) -> str:
+    """Return the policy line, the delays table and the nearest-cap table."""
+    policy = report.policy
+    bounds = ("none" if policy.min_backoff is None else
+              f"{policy.min_backoff:g}s..{policy.max_backoff:g}s")
+    lines = [f"retry policy: backoff {bounds} ({safe(policy.source)}); "
+             f"attempt cap {report.cap}; {report.scanned} events retried at least once"]
+    rows = [[row.number, len(row.delays_ms), *map(duration, row.percentiles().values()),
+             duration(max(row.delays_ms))] for row in report.rows]
+    lines += ["", table(["attempt", "samples", "p50", "p90", "p99", "max"], rows)
+              if rows else "no retried events yet"]
+    near = [[n.key, n.event_type, n.status, n.used, n.left] for n in report.nearest]
+    lines += ["", "nearest the attempt cap:",
+              table(["key", "event_type", "status", "used", "left"], near)
+              if near else "none unfinished"]
+    return "\n".join(lines)

@@ -1,0 +1,269 @@
+"""Replay: send a FAILED event through the normal push path again, audited and rate-limited.
+
+One replay is three steps, in this order:
+
+1. **build** the message from the record: its stored event fields as the
+   body and its stored attributes (``pubsub.attributes``: the original key,
+   the cascade links) as the attributes, and check that the message lands on
+   the record's own key (``Intake.locate``, or the key rules when no app is
+   given). A record that cannot be rebuilt is skipped, unchanged.
+2. **reopen** the record in one atomic update (``record_replay``): FAILED and
+   retryable, ``replayed_at_attempt = attempts`` (the processor counts the
+   attempt cap from there, so the replay gets a fresh set of attempts), and
+   an audit entry ``{by, at, why, attempt}`` appended to ``replays``. A record
+   that is no longer FAILED (a delivery is processing it, or it succeeded
+   meanwhile) is skipped: the claim decides, never the operator.
+3. **publish** the message through a ``MessagePublisher``. If publishing
+   fails, the record stays FAILED and retryable: a new replay, or the redrive
+   sweeper, sends it later.
+
+``--data FILE`` replays a payload stored as invalid with corrected data: the
+data is validated as the receiver would, published with the original
+attributes, and the record keeps the original payload, with an audit entry
+naming the key the corrected event is stored under.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from eventbus.model.delivery import Delivery
+from eventbus.model.errors import AlreadyExists, EventBusError, InvalidEvent
+from eventbus.model.event import Event, event_from_document
+from eventbus.model.keys import canonical_json
+from eventbus.model.status import Status
+from eventbus.processor import Located
+from eventbus.pubsub.message import MessagePublisher, build_event, message_attributes
+from eventbus.store.base import Record
+
+logger = logging.getLogger("eventbus.ops")
+
+Outcome = Literal["replayed", "skipped", "failed", "planned"]
+STANDARD = ("event_type", "event_version", "idempotency_key")
+
+
+Locator = Callable[[Delivery], Located]
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """The message a replay publishes: body, attributes, ordering key, and its target key."""
+
+    data: bytes
+    attributes: dict[str, str]
+    ordering_key: str | None
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayResult:
+    """What became of one record: replayed (with the message id), skipped or failed, and why."""
+
+    key: str
+    outcome: Outcome
+    detail: str = ""
+    message_id: str = ""
+    new_key: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the result as plain data."""
+        return dataclasses.asdict(self)
+
+
+class NotReplayable(EventBusError):
+    """Raised when a record cannot be turned back into the message it came from."""
+
+
+def stored_event(record: Mapping[str, Any]) -> Event:
+    """Return the event a record holds, validated as the receiver validates it."""
+    if "raw_payload" in record or str(record.get("idempotency_key", "")).startswith("invalid:"):
+        raise NotReplayable("stored as invalid: replay it with corrected data (--data FILE)")
+    try:
+        return event_from_document(record)
+    except InvalidEvent as exc:
+        raise NotReplayable(f"the stored event does not validate: {exc}") from None
+
+
+def stored_attributes(record: Mapping[str, Any], event: Event) -> dict[str, str]:
+    """Return the attributes the record's message came with (rebuilt for older records)."""
+    pubsub = record.get("pubsub")
+    given = pubsub.get("attributes") if isinstance(pubsub, Mapping) else None
+    if isinstance(given, Mapping):
+        return {str(name): str(value) for name, value in given.items()}
+    links = {name: str(record[name]) for name in ("parent_key", "root_key") if record.get(name)}
+    # Without stored attributes the original key is known only when it was derived.
+    return message_attributes(event.event_type, event.event_version, "", links)
+
+
+def _without_empty_key(attributes: dict[str, str]) -> dict[str, str]:
+    if not attributes.get("idempotency_key"):
+        attributes.pop("idempotency_key", None)
+    return attributes
+
+
+def build(record: Mapping[str, Any], locate: Locator) -> Message:
+    """Return the message that replays ``record``; ``NotReplayable`` when there is none."""
+    event = stored_event(record)
+    attributes = _without_empty_key(stored_attributes(record, event))
+    data = canonical_json(event.to_document()).encode()
+    return _checked(Message(data, attributes, _ordering_key(record), ""), record, locate)
+
+
+def build_with_data(record: Mapping[str, Any], body: Mapping[str, Any],
+                    locate: Locator) -> Message:
+    """Return the message that replays ``record`` with corrected event ``body``."""
+    try:
+        event = build_event(body.get("event_type", ""), body.get("entity_data", {}),
+                            entity=body.get("entity_metadata", {}),
+                            version=body.get("event_version", "v1"),
+                            direction=body.get("event_direction", "IN"))
+    except (InvalidEvent, AttributeError) as exc:
+        raise NotReplayable(f"the corrected data is not a valid event: {exc}") from None
+    original = stored_attributes(record, event)
+    attributes = _without_empty_key({**original, "event_type": event.event_type,
+                                     "event_version": event.event_version})
+    message = Message(canonical_json(event.to_document()).encode(), attributes,
+                      _ordering_key(record), "")
+    located = locate(Delivery(message.data, attributes, message_id="replay"))
+    if located.error is not None or not located.key:
+        raise NotReplayable(f"the corrected event would be refused: {located.error}")
+    return dataclasses.replace(message, key=located.key)
+
+
+def _checked(message: Message, record: Mapping[str, Any], locate: Locator) -> Message:
+    key = str(record.get("idempotency_key"))
+    located = locate(Delivery(message.data, message.attributes, message_id="replay"))
+    if located.error is not None:
+        raise NotReplayable(f"the receiver would refuse it: {located.error}")
+    if located.key != key:
+        raise NotReplayable(f"it would be stored under {located.key!r}, not under its own key")
+    return dataclasses.replace(message, key=key)
+
+
+def _ordering_key(record: Mapping[str, Any]) -> str | None:
+    pubsub = record.get("pubsub")
+    ordering = pubsub.get("orderingKey") if isinstance(pubsub, Mapping) else None
+    return str(ordering) if ordering else None
+
+
+class RateLimit:
+    """At most ``per_second`` calls per second: ``wait()`` sleeps until the next may go."""
+
+    def __init__(self, per_second: float | None, *, sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.interval = 1.0 / per_second if per_second else 0.0
+        self._sleep, self._monotonic = sleep, monotonic
+        self._next = float("-inf")
+
+    def wait(self) -> None:
+        """Sleep until the next call is allowed, then take its slot."""
+        now = self._monotonic()
+        if now < self._next:
+            self._sleep(self._next - now)
+            now = self._next
+        self._next = now + self.interval
+
+
+@dataclasses.dataclass
+class Replayer:
+    """Replays records through ``publisher``: rebuild, reopen (audited), publish."""
+
+    store: Any
+    publisher: MessagePublisher
+    now: Callable[[], datetime]
+    by: str
+    why: str
+    locate: Locator
+    limit: RateLimit = dataclasses.field(default_factory=lambda: RateLimit(None))
+
+    def replay(self, record: Mapping[str, Any]) -> ReplayResult:
+        """Replay one record; never raises for anything about the record."""
+        key = str(record.get("idempotency_key"))
+        try:
+            message = build(record, self.locate)
+        except NotReplayable as exc:
+            return ReplayResult(key, "skipped", str(exc))
+        return self._reopen_and_publish(key, message, reopen=True)
+
+    def replay_with_data(self, record: Mapping[str, Any],
+                         body: Mapping[str, Any]) -> ReplayResult:
+        """Replay an invalid record with corrected ``body``; the record keeps its original."""
+        key = str(record.get("idempotency_key"))
+        try:
+            message = build_with_data(record, body, self.locate)
+        except NotReplayable as exc:
+            return ReplayResult(key, "skipped", str(exc))
+        same = message.key == key
+        return self._reopen_and_publish(key, message, reopen=same,
+                                        data={"new_key": message.key, "corrected": True})
+
+    def _reopen_and_publish(self, key: str, message: Message, *, reopen: bool,
+                            data: Mapping[str, Any] | None = None) -> ReplayResult:
+        self.limit.wait()
+        now = self.now()
+        entry: dict[str, Any] = {"by": self.by, "at": now, "why": self.why}
+        try:
+            if not self._audit(key, entry, now, reopen=reopen, data=data):
+                return ReplayResult(key, "skipped", "no such record any more")
+        except AlreadyExists as exc:
+            status = exc.record.get("event_status", "?")
+            return ReplayResult(key, "skipped", f"it is {status} now; the claim decides")
+        logger.info("replay of %s by %s: %s", key, self.by, self.why,
+                    extra={"idempotency_key": key, "operator": self.by, "new_key": message.key})
+        return self._publish(key, message)
+
+    def _audit(self, key: str, entry: dict[str, Any], now: datetime, *, reopen: bool,
+               data: Mapping[str, Any] | None) -> bool:
+        current = self.store.get(key)
+        if current is None:
+            return False
+        entry["attempt"] = current.get("attempts", 0)
+        if data:
+            entry["data"] = dict(data)
+        return self.store.record_replay(key, entry, now, reopen=reopen) is not None
+
+    def _publish(self, key: str, message: Message) -> ReplayResult:
+        try:
+            message_id = self.publisher.publish_message(message.data, message.attributes,
+                                                        ordering_key=message.ordering_key)
+        except EventBusError as exc:
+            return ReplayResult(key, "failed", f"reopened but not published: {exc}",
+                                new_key=message.key)
+        return ReplayResult(key, "replayed", "", message_id, message.key)
+
+
+def replayable(record: Mapping[str, Any]) -> bool:
+    """Return True when ``record`` is FAILED (only FAILED records are replayed)."""
+    return record.get("event_status") == Status.FAILED
+
+
+def fetch(store: Any, keys: list[str]) -> tuple[list[Record], list[str]]:
+    """Return the records of ``keys`` in that order, and the keys that have none."""
+    found = {record["idempotency_key"]: record for record in store.get_many(keys)}
+    return [found[key] for key in keys if key in found], [k for k in keys if k not in found]
+
+
+def routerless(store: Any) -> Locator:
+    """Return ``locate`` with no router: an event type no router knows is not a fault here."""
+    from eventbus.model.errors import UnknownEventType
+    from eventbus.model.keys import fingerprint
+    from eventbus.model.router import Router
+    from eventbus.processor import Intake
+    from eventbus.store import documents
+
+    intake = Intake(store, Router())
+
+    def locate(delivery: Delivery) -> Located:
+        located = intake.locate(delivery)
+        if isinstance(located.error, UnknownEventType) and located.event is not None:
+            fields = documents.event_fields(located.event, delivery,
+                                            fingerprint=fingerprint(located.event))
+            return dataclasses.replace(located, fields=fields, error=None)
+        return located
+
+    return locate
