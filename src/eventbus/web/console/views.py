@@ -1,0 +1,225 @@
+"""The console's pages: a Flask blueprint over ``eventbus.ops.operations`` and ``replay``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import flask
+
+from eventbus.model.errors import Forbidden, Unauthenticated
+from eventbus.ops import operations as ops
+from eventbus.ops.render import duration, moment, to_json
+from eventbus.ops.replay import RateLimit, Replayer, ReplayResult, fetch, replayable
+from eventbus.web.console import Console, charts
+from eventbus.web.console.auth import (
+    COOKIE,
+    IAP_HEADER,
+    csrf_token,
+    csrf_valid,
+    loopback,
+    same_token,
+)
+
+blueprint = flask.Blueprint("console", __name__, template_folder="templates",
+                            static_folder="static", static_url_path="/static")
+# CSP: no inline script, no third-party origin; styles and the one script are ours.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+                               "base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+MAX_REPLAY = 1000
+
+
+def console() -> Console:
+    """Return the console of the current app."""
+    found: Console = flask.current_app.extensions["eventbus.console"]
+    return found
+
+
+# -- who is asking -------------------------------------------------------------------------
+
+@blueprint.before_request
+def authenticate() -> Any:
+    """Let an operator in, or answer 401/403; a local first visit trades its token for a cookie."""
+    config = console().config
+    try:
+        if config.auth == "local":
+            return _local()
+        header = (flask.request.headers.get(IAP_HEADER, "") if config.auth == "iap"
+                  else flask.request.headers.get("Authorization", ""))
+        flask.g.operator = console().verifier.verify(header)
+    except Unauthenticated as exc:
+        return _refused(401, str(exc))
+    except Forbidden as exc:
+        return _refused(403, str(exc))
+    return None
+
+
+def _local() -> Any:
+    request, token = flask.request, console().config.token
+    if not loopback(request.host):
+        raise Forbidden("the local console answers on 127.0.0.1 only")
+    if "token" in request.args:
+        if not same_token(request.args.get("token"), token):
+            raise Unauthenticated("wrong console token")
+        response = flask.redirect(_without_token())
+        response.set_cookie(COOKIE, token, httponly=True, samesite="Strict",
+                            path=flask.url_for("console.overview"))
+        return response
+    if not same_token(request.cookies.get(COOKIE), token):
+        raise Unauthenticated("open the console with the URL `eventbus console` printed "
+                              "(it carries ?token=)")
+    flask.g.operator = "local operator"
+    return None
+
+
+def _without_token() -> str:
+    args: dict[str, Any] = {k: v for k, v in flask.request.args.items() if k != "token"}
+    args.update(flask.request.view_args or {})
+    return flask.url_for(flask.request.endpoint or "console.overview", **args)
+
+
+def _refused(status: int, reason: str) -> tuple[str, int]:
+    return flask.render_template("refused.html", status=status, reason=reason), status
+
+
+@blueprint.after_request
+def harden(response: flask.Response) -> flask.Response:
+    """Add the security headers to every console response."""
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+@blueprint.app_context_processor
+def common() -> dict[str, Any]:
+    """Give every template the operator, the CSRF token and the formatting helpers."""
+    if "eventbus.console" not in flask.current_app.extensions:
+        return {}
+    config = console().config
+    operator = flask.g.get("operator", "")
+    return {"operator": operator, "read_only": config.read_only, "moment": moment,
+            "duration": duration, "status_label": ops.status_label,
+            "csrf": csrf_token(config.secret, operator) if operator else ""}
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+@blueprint.get("/")
+def overview() -> str:
+    """Counts by status and type, and the throughput chart of the last hours."""
+    store, config = console().store, console().config
+    counts = ops.overview_counts(store)
+    buckets = ops.throughput(store, console().now(), config.hours)
+    return flask.render_template("overview.html", counts=counts,
+                                 columns=ops.labels(counts.values()),
+                                 chart=charts.throughput(buckets), hours=config.hours,
+                                 total=sum(b.total for b in buckets),
+                                 failed=sum(b.failed for b in buckets))
+
+
+@blueprint.get("/failed")
+def failed() -> str:
+    """The failed groups, with filters; one group's events when ``group`` is given."""
+    query = _failed_query(flask.request.args)
+    report = ops.failed_groups(console().store, query)
+    wanted = flask.request.args.get("group", "")
+    group = ops.find_group(report, wanted) if wanted else None
+    records = [r for r in report.records if group and r["idempotency_key"] in group.keys]
+    return flask.render_template("failed.html", report=report, group=group, records=records,
+                                 args=flask.request.args)
+
+
+def _failed_query(args: Mapping[str, str]) -> Any:
+    hours = args.get("hours", "")
+    since = (console().now() - dt.timedelta(hours=float(hours))
+             if hours.replace(".", "", 1).isdigit() else None)
+    retryable = {"retrying": True, "final": False}.get(args.get("which", ""))
+    return ops.failed_query(event_type=args.get("type") or None,
+                            partner_id=args.get("partner") or None, since=since,
+                            retryable=retryable)
+
+
+@blueprint.get("/event")
+def event() -> Any:
+    """One event: document, attempt timeline, error, replays, cascade."""
+    key = flask.request.args.get("key", "")
+    view = ops.event_view(console().store, key)
+    if view is None:
+        return flask.render_template("missing.html", key=key), 404
+    return flask.render_template("event.html", view=view, record=view.record,
+                                 chart=charts.timeline(view.attempts),
+                                 document=to_json(view.record),
+                                 replayable=replayable(view.record))
+
+
+@blueprint.get("/partner")
+def partner() -> str:
+    """A partner's history, newest first (seed 002)."""
+    partner_id = flask.request.args.get("id", "")
+    limit = min(int(flask.request.args.get("limit", "100") or 100), 1000)
+    records = ops.history(console().store, partner_id, limit) if partner_id else []
+    return flask.render_template("partner.html", partner_id=partner_id, records=records)
+
+
+# -- replay --------------------------------------------------------------------------------
+
+@blueprint.get("/replay")
+def confirm() -> Any:
+    """The confirmation step: what would be replayed, and the POST form."""
+    if console().config.read_only:
+        return _refused(403, "this console is read-only")
+    records, title = _chosen(flask.request.args)
+    chosen = [r for r in records if replayable(r)]
+    return flask.render_template("confirm.html", records=chosen, title=title,
+                                 key=flask.request.args.get("key", ""),
+                                 group=flask.request.args.get("group", ""))
+
+
+@blueprint.post("/replay")
+def replay() -> Any:
+    """Replay after confirmation: CSRF-checked, audited, rate-limited."""
+    config, form = console().config, flask.request.form
+    if config.read_only:
+        return _refused(403, "this console is read-only")
+    if not _same_origin() or not csrf_valid(config.secret, flask.g.operator, form.get("csrf")):
+        return _refused(403, "the replay form is missing its CSRF token or came from elsewhere")
+    records, title = _chosen(form)
+    results = _replay([r for r in records if replayable(r)][:MAX_REPLAY],
+                      form.get("why", "") or "replayed from the console")
+    return flask.render_template("replayed.html", results=results, title=title)
+
+
+def _same_origin() -> bool:
+    origin = flask.request.headers.get("Origin")
+    if origin is None:
+        return True  # no origin sent: the CSRF token alone decides
+    # Hosts only: behind a TLS-terminating proxy the scheme seen here differs.
+    return urlsplit(origin).netloc == flask.request.host
+
+
+def _chosen(args: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
+    store = console().store
+    if args.get("key"):
+        records, _ = fetch(store, [args["key"]])
+        return records, f"event {args['key']}"
+    report = ops.failed_groups(store, ops.failed_query())
+    group = ops.find_group(report, args.get("group", "")) if args.get("group") else None
+    if group is None:
+        return [], "nothing chosen"
+    records, _ = fetch(store, group.keys)
+    return records, f"group {group.id}: {group.event_type} {group.error_type}"
+
+
+def _replay(records: list[dict[str, Any]], why: str) -> list[ReplayResult]:
+    app = console()
+    worker = Replayer(app.store, app.publisher(), app.now, by=str(flask.g.operator), why=why,
+                      locate=app.locate, limit=RateLimit(app.config.replay_rate))
+    return [worker.replay(record) for record in records]
