@@ -44,6 +44,12 @@ class Settings:
     relay_inline: bool = True
     relay_budget_seconds: float = 2.0
     guard_collection: str = "side_effects"
+    redrive_after_seconds: float = 1200.0
+    """A FAILED-retryable record nothing redelivered for this long is published again by the
+    redrive sweeper: twice the push subscription's maximum backoff (600 s)."""
+    redrive_max: int = 20
+    """Redrives before an event is given up for good (the attempt cap applies as well)."""
+    redrive_backoff_cap_seconds: float = 6 * 3600.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -154,6 +160,9 @@ SOURCES: dict[str, tuple[str, Parser]] = {
     "relay_inline": ("EVENTBUS_RELAY_INLINE", parse_bool),
     "relay_budget_seconds": ("EVENTBUS_RELAY_BUDGET_SECONDS", parse_float),
     "guard_collection": ("EVENTBUS_GUARD_COLLECTION", parse_str),
+    "redrive_after_seconds": ("EVENTBUS_REDRIVE_AFTER_SECONDS", parse_float),
+    "redrive_max": ("EVENTBUS_REDRIVE_MAX", parse_int),
+    "redrive_backoff_cap_seconds": ("EVENTBUS_REDRIVE_BACKOFF_CAP_SECONDS", parse_float),
     "log_level": ("LOG_LEVEL", parse_str),
 }
 """Where each field of ``Settings`` comes from: field → (variable, parser)."""

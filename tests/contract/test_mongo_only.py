@@ -54,6 +54,7 @@ class TestIndexes:
                 ("entity_metadata.entity_id", 1), ("entity_metadata.entity_type", 1)],
             "idempotency_key_1": [("idempotency_key", 1)],
             "outbox.status_1": [("outbox.status", 1)],
+            "redrive_at_1": [("redrive_at", 1)],
         }
         assert info["idempotency_key_1"].get("unique") is True
         assert info["expire_at_1"].get("expireAfterSeconds") == 0

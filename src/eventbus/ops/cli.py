@@ -50,7 +50,7 @@ from eventbus.model.event import Event
 from eventbus.model.keys import record_key, rejected_key
 from eventbus.model.status import Status
 from eventbus.ops import cascade, dotenv
-from eventbus.ops.commands import console, queries, repair
+from eventbus.ops.commands import console, queries, repair, sweepers
 from eventbus.ops.commands.common import Tools, UsageError
 from eventbus.ops.config import OpsSettings
 from eventbus.ops.render import safe
@@ -302,7 +302,7 @@ def parser() -> argparse.ArgumentParser:
     trace_ = commands.add_parser("trace", help="print the cascade of an event from its root")
     trace_.add_argument("key", help="the idempotency key of any event of the cascade")
     trace_.set_defaults(run=cmd_trace)
-    for module in (queries, repair, console):
+    for module in (queries, repair, console, sweepers):
         module.add(commands)
     return root
 

@@ -60,34 +60,43 @@ class Intake:
         """Return where ``delivery`` belongs; never raises for anything a message holds."""
         try:
             event = _event(delivery)
+            key, root = self._key(event, delivery)
         except InvalidEvent as exc:
-            return _refused(delivery, None, exc)
+            # Nothing it holds is trusted: not the key it asked for, nor its links.
+            return _refused(delivery, _parsed(delivery), exc)
         try:
-            route = self.router.route_for(event)
-            key, root = self._key(event, delivery, route)
+            route = self._route(event, key, root)
+        except InternalOnly as exc:
+            return _refused(delivery, event, exc)
         except InvalidEvent as exc:
-            return _refused(delivery, event, exc, self._fallback_key(event, delivery, exc))
+            # An unknown type keeps its own key, so a replay after the deploy
+            # that adds its handler finds it.
+            return _refused(delivery, event, exc, key)
         fields = documents.event_fields(event, delivery, fingerprint=fingerprint(event),
                                         **self._links(delivery, key, root))
         return Located(delivery, key, fields, event, route, root)
 
-    def _key(self, event: Event, delivery: Delivery, route: Route) -> tuple[str, str]:
+    def _key(self, event: Event, delivery: Delivery) -> tuple[str, str]:
         links = cascade_links(delivery.attributes)
-        if "parent_key" in links:
-            return self._child_key(event, delivery, links["parent_key"])
-        if route.internal:
-            raise InternalOnly(f"{event.event_type} is an internal step of a cascade; "
-                               "it is accepted only from the relay")
+        if "parent_key" in links or "parent_key" in delivery.attributes:
+            return self._child_key(event, delivery, links.get("parent_key", ""))
         key = record_key(event, delivery.attributes)
         return key, key
 
+    def _route(self, event: Event, key: str, root: str) -> Route:
+        route = self.router.route_for(event)
+        if route.internal and root == key:
+            raise InternalOnly(f"{event.event_type} is an internal step of a cascade; "
+                               "it is accepted only from the relay")
+        return route
+
     def _child_key(self, event: Event, delivery: Delivery, parent_key: str) -> tuple[str, str]:
         key = delivery.attributes.get("idempotency_key", "")
-        parent = self.store.get(parent_key)
-        entry = _listed(parent, key, fingerprint(event))
-        if parent is None or entry is None:
+        parent = self.store.get(parent_key) if parent_key else None
+        if _listed(parent, key, fingerprint(event)) is None:
             raise ForgedLink(f"no SUCCESS parent {parent_key!r} lists child {key!r} "
                              "with this payload")
+        assert parent is not None
         return key, str(parent.get("root_key") or parent_key)
 
     @staticmethod
@@ -101,18 +110,6 @@ class Intake:
             return {}
         return {"parent_key": cascade_links(delivery.attributes)["parent_key"], "root_key": root}
 
-    @staticmethod
-    def _fallback_key(event: Event, delivery: Delivery, exc: InvalidEvent) -> str:
-        # A forged child or a bad publisher key never gets the key it asked
-        # for; an unknown type keeps its own, so a replay after the deploy
-        # that adds its handler finds it.
-        if isinstance(exc, ForgedLink | InternalOnly) or "parent_key" in delivery.attributes:
-            return rejected_key(delivery.data, delivery.message_id)
-        try:
-            return record_key(event, delivery.attributes)
-        except InvalidEvent:
-            return rejected_key(delivery.data, delivery.message_id)
-
 
 def _event(delivery: Delivery) -> Event:
     if delivery.decode_error:
@@ -123,6 +120,14 @@ def _event(delivery: Delivery) -> Event:
     if found:
         raise ContentProblem(f"the message cannot be stored as it is: {found}")
     return event
+
+
+def _parsed(delivery: Delivery) -> Event | None:
+    """The event a refused message holds, when it parses and its content can be kept."""
+    try:
+        return _event(delivery)
+    except InvalidEvent:
+        return None
 
 
 def _listed(parent: Mapping[str, Any] | None, key: str,

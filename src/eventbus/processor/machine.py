@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from eventbus.guard import Guard
@@ -190,9 +190,11 @@ class Processor:
         final = kind is Classification.PERMANENT or isinstance(exc, ContentRejected)
         capped = self._attempts_used(claim) >= self.settings.max_attempts and not final
         label = "attempt_cap" if capped else kind.value
-        stored = self.store.fail(located.key, claim.owner, self.now(),
+        now = self.now()
+        redrive_at = now + timedelta(seconds=self.settings.redrive_after_seconds)
+        stored = self.store.fail(located.key, claim.owner, now,
                                  documents.error_document(exc, label),
-                                 retryable=not (final or capped))
+                                 retryable=not (final or capped), redrive_at=redrive_at)
         if not stored:
             return _lease_lost(located, claim)
         outcome = Outcome.REJECTED if final or capped else Outcome.RETRY

@@ -79,8 +79,12 @@ class EventStore(Protocol):
         ...
 
     def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
-             retryable: bool) -> bool:
-        """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease."""
+             retryable: bool, redrive_at: datetime | None = None) -> bool:
+        """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease.
+
+        ``redrive_at``: when the store's redrive sweeper publishes it again if
+        nothing else delivered it by then (a retryable failure only).
+        """
         ...
 
     def renew(self, key: str, owner: str, now: datetime) -> bool:
@@ -94,6 +98,19 @@ class EventStore(Protocol):
 
     def get(self, key: str) -> Record | None:
         """Return the record of ``key``, or None."""
+        ...
+
+    # -- store-driven redrive -----------------------------------------------------------
+    def redrivable(self, now: datetime, stale_before: datetime, limit: int) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive (``documents.redrive_filter``)."""
+        ...
+
+    def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
+        """Count a redrive of ``key``; False when another sweeper counted it first."""
+        ...
+
+    def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
+        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable."""
         ...
 
     # -- the outbox ---------------------------------------------------------------------

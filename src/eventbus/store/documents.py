@@ -269,6 +269,7 @@ def _taken_fields(fields: Mapping[str, Any], now: datetime, owner: str,
         # retryable and error describe a FAILED record only.
         "retryable": "$$REMOVE",
         "error": "$$REMOVE",
+        "redrive_at": "$$REMOVE",
     }
 
 
@@ -307,11 +308,74 @@ def succeed_update(now: datetime, outbox: Sequence[Mapping[str, Any]] = ()) -> d
     return {"$set": done, "$unset": {"lease_until": "", "lease_owner": ""}}
 
 
-def fail_update(now: datetime, error: Mapping[str, Any], *, retryable: bool) -> dict[str, Any]:
+def fail_fields(now: datetime, error: Mapping[str, Any], *, retryable: bool,
+                redrive_at: datetime | None = None) -> dict[str, Any]:
+    """Return the fields a FAILED record gets; ``redrive_at`` when the store finishes its retry."""
+    fields = {"event_status": FAILED, "retryable": retryable, "error": dict(error),
+              "lastUpdatedTime": epoch_ms(now)}
+    if retryable and redrive_at is not None:
+        fields["redrive_at"] = bson_time(redrive_at)
+    return fields
+
+
+def fail_update(now: datetime, error: Mapping[str, Any], *, retryable: bool,
+                redrive_at: datetime | None = None) -> dict[str, Any]:
     """Return the update that marks a claimed record FAILED, retryable or for good."""
-    return {"$set": {"event_status": FAILED, "retryable": retryable, "error": dict(error),
-                     "lastUpdatedTime": epoch_ms(now)},
+    return {"$set": fail_fields(now, error, retryable=retryable, redrive_at=redrive_at),
             "$unset": {"lease_until": "", "lease_owner": ""}}
+
+
+# -- store-driven redrive ---------------------------------------------------------------------
+
+def redrive_filter(now: datetime, stale_before: datetime) -> dict[str, Any]:
+    """Return the filter of records the store must have delivered again.
+
+    FAILED-retryable records whose ``redrive_at`` has come, and PROCESSING
+    records whose lease expired before ``stale_before`` (their worker died
+    and nothing redelivered them) unless a redrive is already scheduled.
+    """
+    moment = bson_time(now)
+    return {"$or": [
+        {"event_status": FAILED, "retryable": True, "redrive_at": {"$lte": moment}},
+        {"event_status": PROCESSING, "lease_until": {"$lt": bson_time(stale_before)},
+         "$or": [{"redrive_at": {"$exists": False}}, {"redrive_at": {"$lte": moment}}]},
+    ]}
+
+
+def redrivable(record: Mapping[str, Any], now: datetime, stale_before: datetime) -> bool:
+    """Return True when ``record`` matches ``redrive_filter`` (the memory store's rule)."""
+    due = record.get("redrive_at")
+    if record.get("event_status") == FAILED:
+        return record.get("retryable") is True and isinstance(due, datetime) and \
+            bson_time(due) <= bson_time(now)
+    if record.get("event_status") != PROCESSING:
+        return False
+    lease = record.get("lease_until")
+    stale = not isinstance(lease, datetime) or bson_time(lease) < bson_time(stale_before)
+    return stale and (not isinstance(due, datetime) or bson_time(due) <= bson_time(now))
+
+
+def redriven_filter(key: str, redrives: int) -> dict[str, Any]:
+    """Return the filter that matches ``key`` only while no other sweeper redrove it since."""
+    count: Any = redrives if redrives else {"$in": [0, None]}
+    return {"idempotency_key": key, "event_status": {"$in": [FAILED, PROCESSING]},
+            "redrives": count}
+
+
+def redriven_update(next_at: datetime) -> dict[str, Any]:
+    """Return the update that counts a redrive and schedules the next one."""
+    return {"$set": {"redrive_at": bson_time(next_at)}, "$inc": {"redrives": 1}}
+
+
+def abandon_filter(key: str) -> dict[str, Any]:
+    """Return the filter that matches ``key`` only while it is FAILED and retryable."""
+    return {"idempotency_key": key, "event_status": FAILED, "retryable": True}
+
+
+def abandon_update(now: datetime, error: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the update that gives a record up for good after its last redrive."""
+    return {"$set": {"retryable": False, "error": dict(error), "lastUpdatedTime": epoch_ms(now)},
+            "$unset": {"redrive_at": ""}}
 
 
 def reject_update(fields: Mapping[str, Any], now: datetime, error: Mapping[str, Any], *,

@@ -84,8 +84,8 @@ class MemoryEventStore(MemoryOperatorMixin):
             meta = _mapping(record.get("entity_metadata"))
             history = _mapping(meta.get("resilienceAttemptCount"))
         meta["resilienceAttemptCount"] = {**history, str(attempt): stamp}
-        record.pop("retryable", None)
-        record.pop("error", None)
+        for name in ("retryable", "error", "redrive_at"):
+            record.pop(name, None)
         record.update(event_status=documents.PROCESSING, lease_owner=owner, attempts=attempt,
                       lease_until=documents.bson_time(now + self._lease), lastUpdatedTime=stamp,
                       pubsub=_bson(fields.get("pubsub", {})), entity_metadata=meta)
@@ -101,11 +101,39 @@ class MemoryEventStore(MemoryOperatorMixin):
         return self._finish(key, owner, done)
 
     def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
-             retryable: bool) -> bool:
+             retryable: bool, redrive_at: datetime | None = None) -> bool:
         """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease."""
-        return self._finish(key, owner, {"event_status": documents.FAILED, "retryable": retryable,
-                                         "error": dict(error),
-                                         "lastUpdatedTime": documents.epoch_ms(now)})
+        return self._finish(key, owner, documents.fail_fields(now, error, retryable=retryable,
+                                                              redrive_at=redrive_at))
+
+    def redrivable(self, now: datetime, stale_before: datetime, limit: int) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive, the longest due first."""
+        epoch = documents.EPOCH
+        with self._lock:
+            due = [copy.deepcopy(record) for record in self._events.values()
+                   if documents.redrivable(record, now, stale_before)]
+        return sorted(due, key=lambda record: record.get("redrive_at") or epoch)[:limit]
+
+    def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
+        """Count a redrive of ``key``; False when another sweeper counted it first."""
+        with self._lock:
+            record = self._events.get(key)
+            if (record is None or (record.get("redrives") or 0) != redrives
+                    or record.get("event_status") not in (documents.FAILED, documents.PROCESSING)):
+                return False
+            record.update(redrive_at=documents.bson_time(next_at), redrives=redrives + 1)
+        return True
+
+    def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
+        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable."""
+        with self._lock:
+            record = self._events.get(key)
+            if (record is None or record.get("event_status") != documents.FAILED
+                    or record.get("retryable") is not True):
+                return False
+            record.update(documents.abandon_update(now, error)["$set"])
+            record.pop("redrive_at", None)
+        return True
 
     def _finish(self, key: str, owner: str, fields: Mapping[str, Any]) -> bool:
         with self._lock:

@@ -54,8 +54,9 @@ INDEXES = (
     _index(("entity_metadata.entity_id", ASCENDING), ("entity_metadata.entity_type", ASCENDING)),
     _index(("idempotency_key", ASCENDING), unique=True),
     _index(("outbox.status", ASCENDING)),
+    _index(("redrive_at", ASCENDING)),
 )
-"""The collection's indexes: seed 002's four, the unique key, and the relay's outbox sweep."""
+"""The collection's indexes: seed 002's four, the unique key, the outbox and redrive sweeps."""
 OUTBOX_INDEX = "outbox.status_1"
 """The outbox sweep's index, one of ``INDEXES``."""
 
@@ -192,10 +193,30 @@ class MongoEventStore(MongoOperatorMixin):
         return self._finish(key, owner, documents.succeed_update(now, outbox), "succeed")
 
     def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
-             retryable: bool) -> bool:
+             retryable: bool, redrive_at: datetime | None = None) -> bool:
         """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease."""
-        return self._finish(key, owner, documents.fail_update(now, error, retryable=retryable),
-                            "fail")
+        update = documents.fail_update(now, error, retryable=retryable, redrive_at=redrive_at)
+        return self._finish(key, owner, update, "fail")
+
+    def redrivable(self, now: datetime, stale_before: datetime, limit: int) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive, the longest due first."""
+        with _unavailable("find redrivable", "events"):
+            cursor = self._collection.find(documents.redrive_filter(now, stale_before))
+            return list(cursor.sort("redrive_at", ASCENDING).limit(limit))
+
+    def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
+        """Count a redrive of ``key``; False when another sweeper counted it first."""
+        with _unavailable("mark redriven", key):
+            done = self._collection.update_one(documents.redriven_filter(key, redrives),
+                                               documents.redriven_update(next_at))
+        return done.matched_count == 1
+
+    def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
+        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable."""
+        with _unavailable("abandon", key):
+            done = self._collection.update_one(documents.abandon_filter(key),
+                                               documents.abandon_update(now, error))
+        return done.matched_count == 1
 
     def _finish(self, key: str, owner: str, update: Mapping[str, Any], action: str) -> bool:
         with _unavailable(action, key):

@@ -1,0 +1,142 @@
+"""The redrive primitives, and the sweeper on them, on both stores."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from eventbus.model.context import Context
+from eventbus.model.delivery import Delivery
+from eventbus.model.outcome import Outcome
+from eventbus.model.router import Router
+from eventbus.ops.redrive import Redriver
+from eventbus.processor import Processor
+from eventbus.settings import Settings
+from eventbus.store.base import EventStore
+from eventbus.testing import CapturingPublisher, FakeClock
+from tests.contract.conftest import ERROR, FIELDS, new_key
+
+AFTER = timedelta(seconds=1200)
+
+
+def failed(store: EventStore, now: datetime, *, retryable: bool = True) -> str:
+    key = new_key()
+    claim = store.claim(key, FIELDS, now)
+    assert store.fail(key, claim.owner, now, ERROR, retryable=retryable, redrive_at=now + AFTER)
+    return key
+
+
+def due(store: EventStore, now: datetime) -> set[str]:
+    return {record["idempotency_key"] for record in
+            store.redrivable(now, now - store.lease, 100)}
+
+
+def test_a_retryable_failure_is_due_at_its_redrive_time(store: EventStore,
+                                                        now: datetime) -> None:
+    key = failed(store, now)
+    final = failed(store, now, retryable=False)
+    assert key not in due(store, now + AFTER - timedelta(seconds=1))
+    assert key in due(store, now + AFTER) and final not in due(store, now + 2 * AFTER)
+    record = store.get(key)
+    assert record is not None and record["redrive_at"] == now + AFTER
+    assert "redrive_at" not in (store.get(final) or {})
+
+
+def test_a_claim_clears_the_schedule(store: EventStore, now: datetime) -> None:
+    key = failed(store, now)
+    store.claim(key, FIELDS, now + timedelta(seconds=5))
+    assert "redrive_at" not in (store.get(key) or {})
+    # Due again only once the new lease has expired long ago (its worker died).
+    assert key not in due(store, now + 2 * store.lease)
+    assert key in due(store, now + 2 * store.lease + timedelta(seconds=6))
+
+
+def test_a_processing_record_whose_lease_expired_long_ago_is_due(store: EventStore,
+                                                                  now: datetime) -> None:
+    key = new_key()
+    store.claim(key, FIELDS, now)
+    assert key not in due(store, now + store.lease + timedelta(seconds=1))
+    assert key in due(store, now + 2 * store.lease + timedelta(seconds=1))
+
+
+def test_mark_redriven_counts_once_and_schedules_the_next(store: EventStore,
+                                                         now: datetime) -> None:
+    key = failed(store, now)
+    later = now + 3 * AFTER
+    assert store.mark_redriven(key, 0, later) is True
+    assert store.mark_redriven(key, 0, later) is False  # another sweeper was first
+    record = store.get(key)
+    assert record is not None and (record["redrives"], record["redrive_at"]) == (1, later)
+    assert key not in due(store, now + AFTER) and key in due(store, later)
+
+
+def test_abandon_gives_up_only_a_retryable_failure(store: EventStore, now: datetime) -> None:
+    key, processing = failed(store, now), new_key()
+    store.claim(processing, FIELDS, now)
+    error = {"type": "RedriveGivenUp", "message": "cap", "classification": "redrive_cap"}
+    assert store.abandon(key, now, error) is True and store.abandon(processing, now, error) is False
+    record = store.get(key)
+    assert record is not None and record["retryable"] is False and record["error"] == error
+    assert key not in due(store, now + 10 * AFTER)
+
+
+# -- the sweeper on both stores ----------------------------------------------------------------
+
+def flaky_router(failures: list[int]) -> Router:
+    routes = Router()
+
+    @routes.handler("TEST")
+    def flaky(context: Context) -> None:
+        if failures:
+            failures.pop()
+            raise ConnectionError("partner down")
+
+    return routes
+
+
+def event_message(key: str) -> Delivery:
+    body = (b'{"event_type":"TEST","entity_metadata":{"partnerId":"p","entity_id":"e",'
+            b'"entity_type":"T"},"entity_data":{"n":1}}')
+    return Delivery(body, {"idempotency_key": key}, message_id=uuid.uuid4().hex)
+
+
+def setup(store: EventStore, failures: int, **settings: Any) -> tuple[Processor, Redriver,
+                                                                      CapturingPublisher,
+                                                                      FakeClock]:
+    clock = FakeClock(datetime.now(UTC))
+    config = Settings(redrive_after_seconds=60, **settings)
+    run = Processor(store, flaky_router([1] * failures), config, clock)
+    publisher = CapturingPublisher()
+    return run, Redriver(store, publisher, config, now=clock, locate=run.locate), publisher, \
+        clock
+
+
+def test_a_stranded_retryable_event_is_published_again_and_finishes(store: EventStore) -> None:
+    run, redriver, publisher, clock = setup(store, failures=1)
+    first = run.process(event_message(uuid.uuid4().hex))
+    assert first.outcome is Outcome.RETRY
+    # The broker never comes back (retention ran out, the emulator stranded it).
+    assert redriver.sweep().republished == 0
+    clock.advance(61)
+    report = redriver.sweep()
+    assert report.republished == 1 and redriver.sweep().republished == 0
+    [message] = publisher.take()
+    again = run.process(Delivery(message.data, message.attributes, message_id="m-2"))
+    assert (again.outcome, again.key) == (Outcome.PROCESSED, first.key)
+    assert (store.get(first.key) or {})["event_status"] == "SUCCESS"
+
+
+def test_the_redrive_cap_gives_an_event_up_for_good(store: EventStore) -> None:
+    run, redriver, publisher, clock = setup(store, failures=10, redrive_max=2)
+    key = run.process(event_message(uuid.uuid4().hex)).key
+    for _ in range(2):
+        clock.advance(10_000)
+        assert redriver.sweep().republished == 1
+        [message] = publisher.take()
+        run.process(Delivery(message.data, message.attributes, message_id=uuid.uuid4().hex))
+    clock.advance(100_000)
+    assert redriver.sweep().abandoned == 1
+    record = store.get(key)
+    assert record is not None and record["retryable"] is False
+    assert record["error"]["classification"] == "redrive_cap"
