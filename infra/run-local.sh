@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The run command: MongoDB (infra), the Pub/Sub emulator and the service (gunicorn),
-# then a sample batch of partner events published and watched until processed.
-# Everything stays up afterwards; `make stop` (infra/stop-local.sh) stops it all.
+# then a sample batch of partner events published and watched until processed, and the
+# operators' web console. Everything stays up afterwards; `make stop` (infra/stop-local.sh)
+# stops it all. The local settings go to .env at the repository root, which the `eventbus`
+# console script loads, so every command printed at the end works in a fresh shell.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/venv.sh
@@ -17,6 +19,34 @@ export MONGODB_DB=${MONGODB_DB:-partner_events_demo}
 PARTNER_PORT=${PARTNER_PORT:-9000}
 partner_url="http://127.0.0.1:$PARTNER_PORT/partners/{partnerId}/events"
 export EVENTBUS_PARTNER_URL=${EVENTBUS_PARTNER_URL:-$partner_url}
+export PUBSUB_TOPIC=${PUBSUB_TOPIC:-partner-events}
+export EVENTBUS_CONSOLE_PORT=${EVENTBUS_CONSOLE_PORT:-8081}
+# The console's token outlives a restart (kept in .env), so an open browser tab keeps working.
+saved_token=""
+[ -f .env ] && saved_token=$(sed -n 's/^EVENTBUS_CONSOLE_TOKEN=//p' .env | tail -1)
+export EVENTBUS_CONSOLE_TOKEN=${EVENTBUS_CONSOLE_TOKEN:-${saved_token:-$($PY -c 'import secrets; print(secrets.token_urlsafe(24))')}}
+
+# Write the local settings where the `eventbus` commands find them (see src/eventbus/ops/dotenv.py).
+write_env() {
+  local tmp=.env.tmp.$$
+  (umask 077; cat >"$tmp" <<ENV
+# Written by \`make run\` (infra/run-local.sh): the local environment of the eventbus commands.
+# The eventbus console script loads this file; variables set in the shell win over it.
+MONGODB_URI=$MONGODB_URI
+MONGODB_DB=$MONGODB_DB
+PUBSUB_EMULATOR_HOST=$PUBSUB_EMULATOR_HOST
+GOOGLE_CLOUD_PROJECT=$GOOGLE_CLOUD_PROJECT
+PUBSUB_TOPIC=$PUBSUB_TOPIC
+PUBSUB_SUBSCRIPTION=$PUBSUB_TOPIC-push
+PUBSUB_DEAD_LETTER_SUBSCRIPTION=$PUBSUB_TOPIC-dlq-pull
+EVENTBUS_PARTNER_URL=$EVENTBUS_PARTNER_URL
+EVENTBUS_APP=main:app
+EVENTBUS_CONSOLE_PORT=$EVENTBUS_CONSOLE_PORT
+EVENTBUS_CONSOLE_TOKEN=$EVENTBUS_CONSOLE_TOKEN
+ENV
+  )
+  mv "$tmp" .env
+}
 
 # Start "$2..." in its own session unless var/$1.pid names a live process.
 background() {
@@ -30,6 +60,7 @@ echo "== MongoDB"; $PY -m localdb start
 MONGODB_URI=${MONGODB_URI:-$($PY -m localdb uri)}
 export MONGODB_URI
 echo "== Pub/Sub emulator"; ./pubsub-emulator.sh start
+write_env
 
 echo "== partner stub on :$PARTNER_PORT (log: var/partner.log)"
 background partner $PY -m infra.partner_stub --port "$PARTNER_PORT"
@@ -47,14 +78,37 @@ curl -fsS "http://127.0.0.1:$PORT/health" >/dev/null || {
   echo "run: the service did not answer /health within 30 s; see var/service.log" >&2; exit 1; }
 
 echo "== demo"
-$PY -m handlers.demo --reset
+if ! $PY -m handlers.demo --reset; then
+  echo "run: the demo did not finish in time (see above); the console shows what is stored" >&2
+fi
+echo "== console on 127.0.0.1:$EVENTBUS_CONSOLE_PORT (log: var/console.log)"
+background console .venv/bin/eventbus console
+console_url="http://127.0.0.1:$EVENTBUS_CONSOLE_PORT/?token=$EVENTBUS_CONSOLE_TOKEN"
+for _ in $(seq 1 40); do
+  curl -fsS -o /dev/null "$console_url" 2>/dev/null && break
+  sleep 0.5
+done
+# Real keys and a real partner for the examples below, quoted for the shell.
+failed_key=$(.venv/bin/eventbus failed --final --list --json 2>/dev/null | $PY -c \
+  'import json, shlex, sys; e = [x["key"] for x in json.load(sys.stdin)["events"] if not x["key"].startswith("invalid:")]; print(shlex.quote(e[0]) if e else "")' \
+  2>/dev/null || true)
+partner=6231cfc8800d284c981b3146
 cat <<MSG
 
 The service is still running on http://127.0.0.1:$PORT/ (log: var/service.log),
 with the relay sweeper (var/relay.log) and the partner stub (var/partner.log:
-one line per OUT notification the cascades delivered).
-Follow a cascade: .venv/bin/eventbus trace <idempotency key>
-Publish more:  .venv/bin/eventbus publish handlers/samples/partner_events.json
-Statuses:      .venv/bin/eventbus status
-Stop it all:   make stop
+one line per OUT notification the cascades delivered). The local settings are
+in .env, which every eventbus command below reads.
+Console:         $console_url
+Statuses:        .venv/bin/eventbus status
+Failed, grouped: .venv/bin/eventbus failed
+One event:       .venv/bin/eventbus show ${failed_key:-<idempotency key>}
+Its cascade:     .venv/bin/eventbus trace ${failed_key:-<idempotency key>}
+Replay (dry run): .venv/bin/eventbus replay --final --dry-run
+Partner history: .venv/bin/eventbus history --partner $partner
+Backoff:         .venv/bin/eventbus retries
+Last 24 hours:   .venv/bin/eventbus stats
+Dead letters:    .venv/bin/eventbus dlq drain
+Publish more:    .venv/bin/eventbus publish handlers/samples/partner_events.json
+Stop it all:     make stop
 MSG

@@ -40,9 +40,14 @@ def clip(text: str, width: int = MAX_CELL) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *,
-          width: int = MAX_CELL) -> str:
-    """Return an aligned text table; every cell is escaped and clipped to ``width``."""
-    cells = [[clip(safe("" if cell is None else cell), width) for cell in row] for row in rows]
+          width: int = MAX_CELL, whole: Sequence[str] = ("key",)) -> str:
+    """Return an aligned text table; every cell is escaped and clipped to ``width``.
+
+    Columns named in ``whole`` (keys, which an operator copies) are never clipped.
+    """
+    limits = [len(header) + 10**6 if header in whole else width for header in headers]
+    cells = [[clip(safe("" if cell is None else cell), limit)
+              for cell, limit in zip(row, limits, strict=True)] for row in rows]
     sizes = [max([len(header), *(len(row[n]) for row in cells)])
              for n, header in enumerate(headers)]
     lines = [_line(headers, sizes), _line(["-" * size for size in sizes], sizes)]
