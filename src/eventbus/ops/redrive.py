@@ -38,9 +38,10 @@ class RedriveReport:
 
     republished: int = 0
     abandoned: int = 0
-    """Given up for good: the redrive cap, or a record that cannot be published again."""
+    """Given up for good after the redrive cap."""
     failed: int = 0
-    """Publishing failed; the record stays due and the next sweep tries again."""
+    """Not published (Pub/Sub down, or a message this sweeper cannot rebuild): the record
+    stays due and the next sweep tries again."""
     skipped: int = 0
     """Another sweeper (or a delivery) changed the record first."""
 
@@ -75,7 +76,10 @@ class Redriver:
             self.publisher.publish_message(message.data, message.attributes,
                                            ordering_key=message.ordering_key)
         except NotReplayable as exc:
-            self._abandon(key, now, "not_redrivable", str(exc), report)
+            # Most likely the sweeper runs without the service's router
+            # (EVENTBUS_APP): never give an event up for our own misconfiguration.
+            logger.error("redrive of %s not possible here: %s", key, exc)
+            report.failed += 1
             return
         except PublishError as exc:
             logger.warning("redrive of %s not published: %s", key, exc)
