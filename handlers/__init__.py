@@ -19,6 +19,7 @@ import importlib
 import requests
 
 from eventbus import Router
+from eventbus.telemetry.http import logging_session
 from handlers import notifications, orders, promotions, subscriptions
 from handlers.settings import AppSettings
 
@@ -26,9 +27,14 @@ __all__ = ["AppSettings", "create_router"]
 
 
 def create_router(settings: AppSettings, session: requests.Session | None = None) -> Router:
-    """Return the app's router: every domain's routes, plus ``EVENTBUS_HANDLER_MODULES``."""
+    """Return the app's router: every domain's routes, plus ``EVENTBUS_HANDLER_MODULES``.
+
+    Partner calls go through ``session`` (default a new one) with every adapter
+    wrapped to write one ``REQUEST_OUTBOUND`` line per call.
+    """
+    partners = logging_session(session)
     router = Router().include(orders.routes, subscriptions.routes, promotions.routes,
-                              notifications.create_routes(settings.partners, session))
+                              notifications.create_routes(settings.partners, partners))
     for name in settings.partners.extra_modules:
         router.include(importlib.import_module(name).routes)
     return router

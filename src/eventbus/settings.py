@@ -51,6 +51,15 @@ class Settings:
     """Redrives before an event is given up for good (the attempt cap applies as well)."""
     redrive_backoff_cap_seconds: float = 6 * 3600.0
     log_level: str = "INFO"
+    telemetry_exporter: str = "none"
+    """Where spans go: ``none`` (no spans), ``cloudtrace``, ``otlp`` (``OTEL_EXPORTER_OTLP_*``),
+    or ``noop`` (spans made and dropped, to measure their cost). Needs ``[telemetry]``."""
+    metrics_exporter: str = "none"
+    """``none``, ``prometheus`` (a ``/metrics`` page), ``otlp``, or ``noop`` (recorded, dropped)."""
+    trace_sample_ratio: float = 1.0
+    """Share of traces kept, decided on the trace id, so a cascade is kept or dropped whole."""
+    metrics_interval_seconds: float = 60.0
+    """How often ``otlp`` (and ``noop``) metrics are exported."""
 
     def __post_init__(self) -> None:
         """Refuse settings that would serve pushes unauthenticated while auth is on."""
@@ -141,6 +150,26 @@ def parse_str(value: str) -> str:
     return value
 
 
+def parse_ratio(value: str) -> float:
+    """Parse a share: a number above 0 and at most 1."""
+    number = parse_float(value)
+    if number > 1:
+        raise SettingsError(f"must be at most 1: {value!r}")
+    return number
+
+
+def parse_choice(*choices: str) -> Parser:
+    """Return a parser that accepts one of ``choices`` (any case)."""
+
+    def parse(value: str) -> str:
+        lowered = value.strip().lower()
+        if lowered not in choices:
+            raise SettingsError(f"{value!r} is not one of {', '.join(choices)}")
+        return lowered
+
+    return parse
+
+
 SOURCES: dict[str, tuple[str, Parser]] = {
     "mongodb_uri": ("MONGODB_URI", parse_str),
     "mongodb_db": ("MONGODB_DB", parse_str),
@@ -164,5 +193,11 @@ SOURCES: dict[str, tuple[str, Parser]] = {
     "redrive_max": ("EVENTBUS_REDRIVE_MAX", parse_int),
     "redrive_backoff_cap_seconds": ("EVENTBUS_REDRIVE_BACKOFF_CAP_SECONDS", parse_float),
     "log_level": ("LOG_LEVEL", parse_str),
+    "telemetry_exporter": ("EVENTBUS_TELEMETRY_EXPORTER",
+                           parse_choice("none", "cloudtrace", "otlp", "noop")),
+    "metrics_exporter": ("EVENTBUS_METRICS_EXPORTER",
+                         parse_choice("none", "prometheus", "otlp", "noop")),
+    "trace_sample_ratio": ("EVENTBUS_TRACE_SAMPLE_RATIO", parse_ratio),
+    "metrics_interval_seconds": ("EVENTBUS_METRICS_INTERVAL_SECONDS", parse_float),
 }
 """Where each field of ``Settings`` comes from: field → (variable, parser)."""

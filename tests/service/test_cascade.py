@@ -124,9 +124,11 @@ def test_the_relay_publishes_the_standard_attributes(
     c = cascade(make_harness, partner)
     root = c.h.push(order()).json["idempotency_key"]
     (message,) = c.publisher.messages
-    assert message.attributes == {"event_type": NOTIFY, "event_version": "v1",
-                                  "idempotency_key": child_key(root, NOTIFY, 0),
-                                  "parent_key": root, "root_key": root}
+    attributes = dict(message.attributes)
+    assert attributes.pop("traceparent").startswith("00-")  # the trace: tests/telemetry
+    assert attributes == {"event_type": NOTIFY, "event_version": "v1",
+                          "idempotency_key": child_key(root, NOTIFY, 0),
+                          "parent_key": root, "root_key": root}
     assert message.timeout is not None and 0 < message.timeout <= 2.0
 
 

@@ -23,9 +23,13 @@ child's key is stable and the receiver's claim deduplicates it.
 
 A child was validated once, when the handler emitted it; the relay
 serialises the stored entry into the message without parsing it again.
+Each entry also carries the trace context it was emitted in; the relay
+passes it on in the child's ``traceparent`` attribute (with tracing on, the
+context of its own ``publish`` span), so a cascade is one trace even when
+the sweeper publishes a child long after.
 
 May import: ``eventbus.model``, ``eventbus.store.base``, the pure builders of
-``eventbus.store.documents`` and ``eventbus.pubsub.message``; it reads and
+``eventbus.store.documents``, ``eventbus.pubsub.message`` and ``eventbus.telemetry``; it reads and
 writes the outbox only through the store.
 """
 
@@ -45,6 +49,7 @@ from eventbus.model.status import Status
 from eventbus.pubsub.message import MessagePublisher, message_attributes
 from eventbus.store.base import EventStore, OutboxEntry
 from eventbus.store.documents import error_document
+from eventbus.telemetry import Telemetry, context
 
 logger = logging.getLogger("eventbus.outbox.relay")
 
@@ -106,15 +111,18 @@ class Relay:
 
     Time is injected: ``now`` stamps ``published_at``, ``monotonic`` measures
     the budget, ``sleep`` and ``jitter`` drive the backoff, so tests run
-    without waiting.
+    without waiting. So is ``telemetry``: one ``publish`` span per entry,
+    whose context the child carries (default: the stored emitting context only).
     """
 
     def __init__(self, store: EventStore, publisher: MessagePublisher, *,
                  now: Callable[[], datetime], budget: float | None = None,
                  backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep,
                  jitter: Callable[[], float] = random.random,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 telemetry: Telemetry | None = None) -> None:
         self.store, self.publisher, self.now = store, publisher, now
+        self.telemetry = telemetry or Telemetry()
         self.budget, self.backoff = budget, backoff
         self._sleep, self._jitter, self._monotonic = sleep, jitter, monotonic
 
@@ -153,7 +161,8 @@ class Relay:
         return self.relay_entries(list(self.store.pending_outbox(self.now() - grace)))
 
     def _relay_entry(self, entry: OutboxEntry, deadline: float | None) -> RelayReport:
-        attempt = self._publish(entry.entry, deadline)
+        with self.telemetry.relaying(entry.entry) as carried:
+            attempt = self._publish(entry.entry, deadline, carried)
         if attempt.error is not None:
             logger.warning("child %s of %s not published after %d tries: %s",
                            entry.key, entry.parent_key, attempt.tries, attempt.error)
@@ -166,12 +175,13 @@ class Relay:
                         entry.parent_key)
         return RelayReport(published=1)
 
-    def _publish(self, entry: Mapping[str, Any], deadline: float | None) -> _Attempt:
+    def _publish(self, entry: Mapping[str, Any], deadline: float | None,
+                 carried: Mapping[str, str]) -> _Attempt:
         """Publish one entry, retrying with backoff while tries and budget last."""
         retry = 0
         while True:
             try:
-                return _Attempt(message_id=self._publish_once(entry, deadline),
+                return _Attempt(message_id=self._publish_once(entry, deadline, carried),
                                 tries=retry + 1)
             except PublishError as exc:
                 retry += 1
@@ -180,8 +190,10 @@ class Relay:
             except EventBusError as exc:  # a corrupted entry: no retry can succeed
                 return _Attempt(tries=retry, error=exc)
 
-    def _publish_once(self, entry: Mapping[str, Any], deadline: float | None) -> str:
+    def _publish_once(self, entry: Mapping[str, Any], deadline: float | None,
+                      carried: Mapping[str, str]) -> str:
         data, attributes = outbox_message(entry)
+        attributes.update(carried)
         return self.publisher.publish_message(data, attributes,
                                               ordering_key=entry.get("ordering_key") or None,
                                               timeout=self._remaining(deadline))
@@ -203,6 +215,8 @@ class Relay:
 def outbox_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
     """Return the message data and attributes of an outbox entry, serialised once.
 
+    The attributes carry the cascade links and the trace context stored with
+    the entry (``traceparent``/``tracestate``), so the child joins its parent's trace.
     Raise ``InvalidEvent`` for an entry that lost the fields every entry gets.
     """
     try:
@@ -211,5 +225,8 @@ def outbox_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
     except KeyError as exc:
         raise InvalidEvent(f"outbox entry has no {exc}") from None
     links = {name: str(entry[name]) for name in CASCADE_LINKS if entry.get(name)}
+    emitted = context.from_attributes(entry)  # the context the child was emitted in
+    if emitted is not None:
+        links.update(emitted.attributes())
     data = canonical_json(body).encode()
     return data, message_attributes(body["event_type"], body["event_version"], key, links)

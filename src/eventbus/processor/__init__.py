@@ -19,8 +19,9 @@ one outcome; ``eventbus.web.status`` turns outcomes into status codes.
 * another worker took the lease meanwhile       → LEASE_LOST (503), its holder decides
 * the store is unreachable                      → UNAVAILABLE (503), nothing changed
 
-May import: ``eventbus.model``, ``eventbus.store.base``/``documents``, ``eventbus.guard``
-and ``eventbus.settings``. Never Flask, pymongo or a Google client.
+May import: ``eventbus.model``, ``eventbus.store.base``/``documents``, ``eventbus.guard``,
+``eventbus.telemetry`` (spans and counters, a no-op by default) and ``eventbus.settings``.
+Never Flask, pymongo or a Google client.
 """
 
 from eventbus.processor.heartbeat import Heartbeat

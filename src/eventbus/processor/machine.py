@@ -36,6 +36,7 @@ from eventbus.processor.intake import Intake, Located
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, EventStore
+from eventbus.telemetry import Telemetry
 
 logger = logging.getLogger("eventbus")
 
@@ -68,8 +69,9 @@ class Processor:
     def __init__(self, store: EventStore, router: Router, settings: Settings,
                  now: Clock, after_success: AfterSuccess | None = None,
                  classifier: Classifier | None = None,
-                 heartbeat: Heartbeat | None = None) -> None:
+                 heartbeat: Heartbeat | None = None, telemetry: Telemetry | None = None) -> None:
         self.store, self.router, self.settings, self.now = store, router, settings, now
+        self.telemetry = telemetry or Telemetry()
         self.after_success = after_success
         self.classifier = classifier or Classifier()
         self.guard = Guard(store, lease=store.lease, now=now)
@@ -82,18 +84,21 @@ class Processor:
 
     def process(self, delivery: Delivery, request_id: str = "") -> Result:
         """Process ``delivery``; never raises for anything a message can contain."""
-        try:
-            return self._process(delivery, request_id or uuid.uuid4().hex)
-        except StoreUnavailable as exc:
-            logger.warning("store unavailable: %s", exc)
-            return Result(Outcome.UNAVAILABLE, error=type(exc).__name__)
+        with self.telemetry.message(delivery) as observed:
+            try:
+                result = self._process(delivery, request_id or uuid.uuid4().hex)
+            except StoreUnavailable as exc:
+                logger.warning("store unavailable: %s", exc)
+                result = Result(Outcome.UNAVAILABLE, error=type(exc).__name__)
+            return observed.done(result)
 
     def _process(self, delivery: Delivery, request_id: str) -> Result:
         located = self.intake.locate(delivery)
         if located.error is not None:
             return self._reject(located, located.error)
         try:
-            claim = self.store.claim(located.key, located.fields, self.now())
+            with self.telemetry.claiming(_type(located)):
+                claim = self.store.claim(located.key, located.fields, self.now())
         except Conflict as exc:
             return self._conflict(located, exc.record)
         except AlreadyExists as exc:
@@ -104,8 +109,9 @@ class Processor:
 
     def _reject(self, located: Located, exc: Exception) -> Result:
         kind = "content" if isinstance(exc, ContentRejected) else "invalid"
-        inserted = self._store_refused(located.key, located.fields,
-                                       documents.error_document(exc, kind))
+        with self.telemetry.span("finish"):
+            inserted = self._store_refused(located.key, located.fields,
+                                           documents.error_document(exc, kind))
         if not inserted:
             return self._already_refused(located)
         logger.error("rejected message %s: %s", located.delivery.message_id, exc)
@@ -144,11 +150,13 @@ class Processor:
 
     def _run(self, located: Located, claim: Claim, request_id: str) -> Result:
         assert located.route is not None and located.event is not None
+        self.telemetry.claimed(claim)
         if self._attempts_used(claim) > self.settings.max_attempts:
             return self._fail(located, claim, AttemptCapReached("attempt cap reached"))
         try:
             context = self._context(located, claim, request_id)
-            with self.heartbeat.keep(located.key, claim.owner) as lease:
+            with self.heartbeat.keep(located.key, claim.owner) as lease, \
+                    self.telemetry.handler(_type(located)):
                 located.route.handler(context)
         except Exception as exc:  # classified below: unknown means transient
             return self._fail(located, claim, exc)
@@ -172,16 +180,19 @@ class Processor:
 
     def _succeed(self, located: Located, claim: Claim, context: Context) -> Result:
         now, key = self.now(), located.key
-        outbox = [child.to_document(key, context.root_key, documents.bson_time(now))
-                  for child in context.children]
+        outbox = self.telemetry.stamp([child.to_document(key, context.root_key,
+                                                         documents.bson_time(now))
+                                       for child in context.children])
         try:
-            stored = self.store.succeed(key, claim.owner, now, outbox)
+            with self.telemetry.span("finish"):
+                stored = self.store.succeed(key, claim.owner, now, outbox)
         except ContentRejected as exc:  # the children's content: a handler bug
             return self._fail(located, claim, exc)
         if not stored:
             return _lease_lost(located, claim)
         if outbox and self.after_success is not None:
-            _run_hook(self.after_success, key, outbox)
+            with self.telemetry.span("relay"):
+                _run_hook(self.after_success, key, outbox)
         return Result(Outcome.PROCESSED, key=key, event_type=_type(located),
                       attempt=claim.attempt, children=len(outbox))
 
@@ -192,9 +203,10 @@ class Processor:
         label = "attempt_cap" if capped else kind.value
         now = self.now()
         redrive_at = now + timedelta(seconds=self.settings.redrive_after_seconds)
-        stored = self.store.fail(located.key, claim.owner, now,
-                                 documents.error_document(exc, label),
-                                 retryable=not (final or capped), redrive_at=redrive_at)
+        with self.telemetry.span("finish"):
+            stored = self.store.fail(located.key, claim.owner, now,
+                                     documents.error_document(exc, label),
+                                     retryable=not (final or capped), redrive_at=redrive_at)
         if not stored:
             return _lease_lost(located, claim)
         outcome = Outcome.REJECTED if final or capped else Outcome.RETRY

@@ -15,6 +15,7 @@ often keeps one ``Publisher`` and calls its ``publish`` method.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,6 +26,8 @@ from eventbus.model.errors import PublishError
 from eventbus.model.event import Event
 from eventbus.pubsub.message import Entity, MessagePublisher, build_event, build_message
 from eventbus.settings import Settings
+from eventbus.telemetry import context
+from eventbus.telemetry.outbound import outbound_call
 
 
 class Publisher:
@@ -37,6 +40,7 @@ class Publisher:
         self.client = client or pubsub_v1.PublisherClient(publisher_options=options)
         self.topic_path = self.client.topic_path(project_id, topic)
         self.timeout = timeout
+        self.host = os.environ.get("PUBSUB_EMULATOR_HOST") or "pubsub.googleapis.com"
 
     @classmethod
     def from_settings(cls, settings: Settings, timeout: float = 30.0) -> Publisher:
@@ -71,11 +75,22 @@ class Publisher:
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str] | None = None, *,
                         ordering_key: str | None = None, timeout: float | None = None) -> str:
-        """Publish ``data`` as it is, unchecked (relayed children, demos of invalid payloads)."""
+        """Publish ``data`` as it is, unchecked (relayed children, demos of invalid payloads).
+
+        Writes one ``REQUEST_OUTBOUND`` line. Attributes without a ``traceparent``
+        get the caller's trace context, so the receiver joins the caller's trace.
+        """
+        attributes = context.carried(attributes or {})
         try:
-            future = self.client.publish(self.topic_path, data, ordering_key=ordering_key or "",
-                                         **(attributes or {}))
-            return str(future.result(timeout=self.timeout if timeout is None else timeout))
+            with outbound_call("POST", self.host, f"/v1/{self.topic_path}:publish",
+                               target=self.topic_path, kind="publish",
+                               key=attributes.get("idempotency_key", "")) as answer:
+                future = self.client.publish(self.topic_path, data,
+                                             ordering_key=ordering_key or "", **attributes)
+                message_id = str(future.result(
+                    timeout=self.timeout if timeout is None else timeout))
+                answer["status"] = 200
+            return message_id
         except Exception as exc:  # the client raises many types; all mean "not published"
             if ordering_key:
                 # A failed ordered publish pauses the key until it is resumed.

@@ -4,6 +4,11 @@
 authenticator and the inline outbox relay into one ``PushService``. The
 application owns its router; nothing is global. Tests pass their own
 store (``MemoryEventStore``), clock, publisher and ``after_success`` hook.
+
+Telemetry is the service's too: ``Telemetry.from_settings`` (traces and
+metrics off by default), or what the caller passes; the processor and the
+inline relay share it, and with ``EVENTBUS_METRICS_EXPORTER=prometheus``
+the app serves its metrics at ``/metrics``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from eventbus.pubsub.auth import Authenticator
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
+from eventbus.telemetry import Telemetry
 from eventbus.web import logs
 from eventbus.web.service import PushService
 
@@ -55,32 +61,37 @@ def default_publisher(settings: Settings) -> MessagePublisher:
 def build_service(router: Router, settings: Settings, store: EventStore | None = None, *,
                   now: Clock | None = None, publisher: MessagePublisher | None = None,
                   after_success: AfterSuccess | None = None,
-                  classifier: Classifier | None = None) -> PushService:
+                  classifier: Classifier | None = None,
+                  telemetry: Telemetry | None = None) -> PushService:
     """Wire one ``PushService`` from its parts; missing parts come from ``settings``.
 
     ``after_success`` runs after each SUCCESS with children; when it is not
     given, it is the inline relay on ``publisher``, unless ``settings.relay_inline``
-    is off.
+    is off. Telemetry is built before the store, so the store's client is
+    instrumented when tracing is on.
     """
+    telemetry = telemetry or Telemetry.from_settings(settings, now=now)
     store = store if store is not None else default_store(settings)
     now = now or utcnow
     if after_success is None and settings.relay_inline:
-        after_success = inline_relay(settings, store, now, publisher)
+        after_success = inline_relay(settings, store, now, publisher, telemetry)
     processor = Processor(store, router, settings, now, after_success=after_success,
-                          classifier=classifier)
+                          classifier=classifier, telemetry=telemetry)
+    telemetry.watch_outbox(store)
     authenticator = (Authenticator(settings.auth_audience, settings.auth_service_accounts)
                      if settings.auth_enabled else None)
     return PushService(settings, store, processor, authenticator)
 
 
 def inline_relay(settings: Settings, store: EventStore, now: Clock,
-                 publisher: MessagePublisher | None = None) -> Relay:
+                 publisher: MessagePublisher | None = None,
+                 telemetry: Telemetry | None = None) -> Relay:
     """Return the relay that publishes a parent's children before its push is acked.
 
     It spends at most ``settings.relay_budget_seconds`` per message.
     """
     return Relay(store, publisher or default_publisher(settings), now=now,
-                 budget=settings.relay_budget_seconds)
+                 budget=settings.relay_budget_seconds, telemetry=telemetry)
 
 
 def create_app(router: Router, settings: Settings | None = None,
@@ -88,12 +99,14 @@ def create_app(router: Router, settings: Settings | None = None,
                publisher: MessagePublisher | None = None,
                after_success: AfterSuccess | None = None,
                classifier: Classifier | None = None,
-               service: PushService | None = None) -> flask.Flask:
+               service: PushService | None = None,
+               telemetry: Telemetry | None = None) -> flask.Flask:
     """Return the Flask app serving the push endpoint and health checks for ``router``."""
     settings = settings or Settings.from_env()
-    logs.configure(settings.service, settings.log_level)
+    logs.configure(settings.service, settings.log_level, project=settings.project_id)
     service = service or build_service(router, settings, store, now=now, publisher=publisher,
-                                       after_success=after_success, classifier=classifier)
+                                       after_success=after_success, classifier=classifier,
+                                       telemetry=telemetry)
     service.ensure_indexes()
     app = flask.Flask("eventbus")
     app.extensions["eventbus"] = service
@@ -102,6 +115,9 @@ def create_app(router: Router, settings: Settings | None = None,
                          methods=["POST"], endpoint=f"push{path}")
     app.add_url_rule("/health", view_func=_health, methods=["GET"])
     app.add_url_rule("/ready", view_func=lambda: _ready(service), methods=["GET"])
+    if service.processor.telemetry.metrics_page() is not None:
+        app.add_url_rule("/metrics", view_func=lambda: _metrics(service.processor.telemetry),
+                         methods=["GET"])
     app.register_error_handler(HTTPException, _http_error)
     return app
 
@@ -124,6 +140,11 @@ def _health() -> tuple[dict[str, Any], int]:
 def _ready(service: PushService) -> tuple[dict[str, Any], int]:
     ready = service.ensure_indexes()
     return {"status": "ok" if ready else "store unavailable"}, 200 if ready else 503
+
+
+def _metrics(telemetry: Telemetry) -> flask.Response:
+    page, content_type = telemetry.metrics_page() or (b"", "text/plain")
+    return flask.Response(page, mimetype=None, content_type=content_type)
 
 
 def _http_error(error: HTTPException) -> tuple[dict[str, Any], int]:

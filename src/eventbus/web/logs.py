@@ -2,6 +2,13 @@
 
 Cloud Run and Cloud Functions parse JSON lines on stdout into structured
 entries, so ``severity`` sets the level and every other key is searchable.
+
+Every line written inside a telemetry scope (a push request, a message, a
+relayed child: ``eventbus.telemetry.context``) also carries Cloud Logging's
+``logging.googleapis.com/trace`` (``projects/<project>/traces/<trace id>``),
+``.../spanId`` and ``.../trace_sampled``, and the scope's ``requestId``, so
+Cloud Logging shows a request's lines (and a cascade's) together and next
+to its trace. Request lines also carry an ``httpRequest`` object.
 """
 
 from __future__ import annotations
@@ -13,16 +20,21 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from eventbus.telemetry import context
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 _SEVERITY = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+TRACE = "logging.googleapis.com/trace"
+SPAN_ID = "logging.googleapis.com/spanId"
+TRACE_SAMPLED = "logging.googleapis.com/trace_sampled"
 
 
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object; ``extra`` fields become top-level keys."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, project: str = "") -> None:
         super().__init__()
-        self.service = service
+        self.service, self.project = service, project or "-"
 
     def format(self, record: logging.LogRecord) -> str:
         """Return ``record`` as a JSON line."""
@@ -32,20 +44,35 @@ class JsonFormatter(logging.Formatter):
             "timestamp": _iso(dt.datetime.fromtimestamp(record.created, dt.UTC)),
         }
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        self._correlate(entry)
         if record.exc_info:
             entry["stack_trace"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
 
+    def _correlate(self, entry: dict[str, Any]) -> None:
+        """Add the current scope's trace and request id, unless the line has its own."""
+        if TRACE not in entry:
+            trace = context.current_trace()
+            if trace is not None:
+                entry[TRACE] = trace.cloud_trace(self.project)
+                entry[SPAN_ID] = trace.span_id
+                entry[TRACE_SAMPLED] = trace.sampled
+        if not entry.get("requestId"):
+            request_id = context.current_request_id()
+            if request_id:
+                entry["requestId"] = request_id
+
 
 def configure(service: str, level: str = "INFO", stream: TextIO | None = None,
-              loggers: tuple[str, ...] = ("eventbus",)) -> None:
+              loggers: tuple[str, ...] = ("eventbus",), project: str = "") -> None:
     """Send ``loggers`` (and their children) to ``stream`` as JSON lines, once.
 
     Handlers log through ``context.log``, a child of ``eventbus``; an
-    application adds its own loggers' names here.
+    application adds its own loggers' names here. ``project`` names the
+    Google Cloud project in the lines' trace field.
     """
     handler = logging.StreamHandler(stream or sys.stdout)
-    handler.setFormatter(JsonFormatter(service))
+    handler.setFormatter(JsonFormatter(service, project))
     for name in loggers:
         log = logging.getLogger(name)
         log.handlers = [handler]

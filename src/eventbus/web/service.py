@@ -20,6 +20,8 @@ from eventbus.pubsub.auth import Authenticator
 from eventbus.pubsub.envelope import parse_delivery
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
+from eventbus.telemetry import context
+from eventbus.telemetry.outbound import http_request
 from eventbus.web import logs
 from eventbus.web import status as status_table
 
@@ -36,8 +38,17 @@ class PushService:
         self._indexed = False
 
     def handle(self, request: flask.Request) -> flask.Response:
-        """Answer one push request; 2xx acks, anything else makes Pub/Sub retry."""
-        started, request_id = time.perf_counter(), _request_id(request)
+        """Answer one push request; 2xx acks, anything else makes Pub/Sub retry.
+
+        It runs in a telemetry scope: every line logged meanwhile carries the
+        request id and the trace (the push's, then the message's once known).
+        """
+        request_id = _request_id(request)
+        with context.scope(context.from_headers(request.headers), request_id):
+            return self._handle(request, request_id)
+
+    def _handle(self, request: flask.Request, request_id: str) -> flask.Response:
+        started = time.perf_counter()
         result: Result | None = None
         try:
             result = self._process(request, request_id)
@@ -85,16 +96,24 @@ def _request_id(request: flask.Request) -> str:
     given = request.headers.get("X-Request-Id", "")
     trace = request.headers.get("X-Cloud-Trace-Context", "").split("/")[0]
     candidate = given or trace
-    return candidate[:128] if candidate.isprintable() and candidate else uuid.uuid4().hex
+    usable = candidate.isascii() and candidate.isprintable()  # it goes back in a header
+    return candidate[:128] if usable and candidate else uuid.uuid4().hex
 
 
 def _log(request: flask.Request, request_id: str, status: int, started: float,
          result: Result | None) -> None:
+    seconds = time.perf_counter() - started
+    agent = request.headers.get("User-Agent", "")
     fields: dict[str, Any] = {
         "host": request.host, "sourceIp": request.remote_addr or "",
-        "sourceHost": request.headers.get("User-Agent", ""), "method": request.method,
+        "sourceHost": agent, "method": request.method,
         "path": request.path, "status": status, "requestId": request_id,
-        "duration": round((time.perf_counter() - started) * 1000, 2),
+        "duration": round(seconds * 1000, 2),
+        "httpRequest": http_request(request.method, request.url, status, seconds,
+                                    remote_ip=request.remote_addr or "", user_agent=agent,
+                                    extra={"requestSize": str(request.content_length or 0),
+                                           "protocol": request.environ.get("SERVER_PROTOCOL",
+                                                                           "")}),
     }
     if result is not None:
         fields.update(outcome=result.outcome.value, idempotency_key=result.key,
