@@ -20,6 +20,8 @@ if [ -z "${MONGODB_URI:-}" ]; then
   MONGODB_URI=$($PY -m localdb uri)
   export MONGODB_URI
 fi
+# The console's browser tests drive Debian's Chromium (never a downloaded build).
+command -v chromium >/dev/null 2>&1 || { echo "== chromium"; apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || echo "test: could not install chromium; the browser tests need it" >&2
 echo "== pytest (MongoDB at $MONGODB_URI)"
 $PY -m pytest "$@"
 echo "== deploy: the Pulumi stack's offline tests"

@@ -55,7 +55,7 @@ def test_the_local_token_becomes_a_strict_http_only_cookie(bus: Bus) -> None:
     assert page.status_code == 200 and b"eventbus console" in page.data
     assert "script-src 'self'" in page.headers["Content-Security-Policy"]
     assert page.headers["X-Frame-Options"] == "DENY"
-    assert page.headers["Referrer-Policy"] == "no-referrer"
+    assert page.headers["Referrer-Policy"] == "same-origin"
 
 
 def test_a_non_loopback_host_is_refused(bus: Bus) -> None:

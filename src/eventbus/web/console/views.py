@@ -31,7 +31,8 @@ SECURITY_HEADERS = {
                                "img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
                                "base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer, Chromium sends `Origin: null` on POSTs.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
@@ -133,8 +134,9 @@ def failed() -> str:
     wanted = flask.request.args.get("group", "")
     group = ops.find_group(report, wanted) if wanted else None
     records = [r for r in report.records if group and r["idempotency_key"] in group.keys]
+    filters = {name: value for name, value in flask.request.args.items() if name != "group"}
     return flask.render_template("failed.html", report=report, group=group, records=records,
-                                 args=flask.request.args)
+                                 args=flask.request.args, filters=filters)
 
 
 def _failed_query(args: Mapping[str, str]) -> Any:
