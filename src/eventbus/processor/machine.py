@@ -84,9 +84,10 @@ class Processor:
 
     def process(self, delivery: Delivery, request_id: str = "") -> Result:
         """Process ``delivery``; never raises for anything a message can contain."""
-        with self.telemetry.message(delivery) as observed:
+        request_id = request_id or uuid.uuid4().hex
+        with self.telemetry.message(delivery, request_id) as observed:
             try:
-                result = self._process(delivery, request_id or uuid.uuid4().hex)
+                result = self._process(delivery, request_id)
             except StoreUnavailable as exc:
                 logger.warning("store unavailable: %s", exc)
                 result = Result(Outcome.UNAVAILABLE, error=type(exc).__name__)

@@ -165,3 +165,11 @@ class EventStore(Protocol):
     def reset(self) -> None:
         """Empty the store's whole database (local demo databases only)."""
         ...
+
+    # -- telemetry ----------------------------------------------------------------------
+    def oldest_pending_outbox(self) -> datetime | None:
+        """Return when the oldest PENDING outbox entry was created; None when none is.
+
+        Read by the ``eventbus.outbox.oldest_pending_age`` gauge.
+        """
+        ...

@@ -265,6 +265,15 @@ class MemoryEventStore(MemoryOperatorMixin):
             self._events.clear()
             self._guards.clear()
 
+    def oldest_pending_outbox(self) -> datetime | None:
+        """Return when the oldest PENDING outbox entry was created; None when none is."""
+        with self._lock:
+            created = [entry["created_at"] for record in self._events.values()
+                       for entry in record.get("outbox", [])
+                       if entry.get("status") == documents.PENDING
+                       and isinstance(entry.get("created_at"), datetime)]
+        return min(created, default=None)
+
 
 def _bson(value: Any) -> Any:
     """Return a copy of ``value`` as MongoDB would store and return it.

@@ -329,6 +329,17 @@ class MongoEventStore(MongoOperatorMixin):
             for name in database.list_collection_names():
                 database[name].delete_many({})
 
+    def oldest_pending_outbox(self) -> datetime | None:
+        """Return when the oldest PENDING outbox entry was created; None when none is."""
+        with _unavailable("outbox age", "outbox"):
+            cursor = self._collection.find({"outbox.status": documents.PENDING},
+                                           {"outbox.status": 1, "outbox.created_at": 1})
+            parents = list(cursor.hint(OUTBOX_INDEX))  # the sweep's index, as pending_outbox
+        created = [entry["created_at"] for parent in parents for entry in parent.get("outbox", [])
+                   if entry.get("status") == documents.PENDING
+                   and isinstance(entry.get("created_at"), datetime)]
+        return min(created, default=None)
+
 
 def _client(settings: Settings, counter: RoundTrips) -> MongoClient:
     timeout = settings.store_timeout_ms

@@ -49,6 +49,8 @@ class TraceContext:
     """16 lowercase hex digits, never all zero: the parent of what runs under it."""
     sampled: bool = False
     tracestate: str = ""
+    local: bool = dataclasses.field(default=False, compare=False)
+    """Made here (nothing came with the request): fine for log lines, never a span's parent."""
 
     @property
     def traceparent(self) -> str:
@@ -70,7 +72,8 @@ class TraceContext:
 def new_trace(sampled: bool = False) -> TraceContext:
     """Return a fresh random trace context (a root: nothing came with the request)."""
     bits = random.getrandbits(192)
-    return TraceContext(f"{bits >> 64:032x}", f"{(bits & _MAX_SPAN) or 1:016x}", sampled)
+    return TraceContext(f"{bits >> 64:032x}", f"{(bits & _MAX_SPAN) or 1:016x}", sampled,
+                        local=True)
 
 
 def parse_traceparent(value: object, tracestate: object = "") -> TraceContext | None:
@@ -102,7 +105,7 @@ def parse_cloud_trace(value: object) -> TraceContext | None:
     number = int(span) if span else 0
     if trace_id.lower() == _ZERO_TRACE or number > _MAX_SPAN:
         return None
-    span_id = f"{number:016x}" if number else new_trace().span_id
+    span_id = f"{number:016x}" if number else f"{random.getrandbits(64) or 1:016x}"
     return TraceContext(trace_id.lower(), span_id, option == "1")
 
 
@@ -177,18 +180,20 @@ def scope(trace: TraceContext | None = None, request_id: str = "") -> Iterator[S
 
 
 @contextlib.contextmanager
-def adopted(trace: TraceContext | None) -> Iterator[Scope]:
+def adopted(trace: TraceContext | None, request_id: str = "") -> Iterator[Scope]:
     """Move the current scope to ``trace`` for good, or open one for the block if none is open.
 
     The push endpoint's scope keeps the message's trace after processing, so
-    the request line written last carries it too.
+    the request line written last carries it too. ``request_id`` is the
+    scope's when it has none yet.
     """
     current = _SCOPE.get()
     if current is not None:
         current.trace = trace
+        current.request_id = current.request_id or request_id
         yield current
         return
-    with scope(trace) as opened:
+    with scope(trace, request_id) as opened:
         yield opened
 
 

@@ -4,7 +4,7 @@ One instance belongs to one service (the app builds it from its settings and
 hands it to its processor and relay, the way the relay gets its clock); no
 counter or provider is a process global. The call sites are one line each::
 
-    with telemetry.message(delivery) as observed:      # one span per message
+    with telemetry.message(delivery, request_id) as observed:  # one span per message
         ...
         with telemetry.claiming(event_type):           # child span "claim"
             claim = store.claim(...)
@@ -117,9 +117,9 @@ class Telemetry:
 
     # -- one message ----------------------------------------------------------------
     @contextlib.contextmanager
-    def message(self, delivery: Delivery) -> Iterator[Observation]:
+    def message(self, delivery: Delivery, request_id: str = "") -> Iterator[Observation]:
         """Run the block as the processing of ``delivery``, under its trace context."""
-        with context.adopted(message_trace(delivery.attributes)):
+        with context.adopted(message_trace(delivery.attributes), request_id):
             yield _OBSERVATION
 
     def claiming(self, event_type: str) -> contextlib.AbstractContextManager[Any]:

@@ -186,16 +186,16 @@ class OtelTelemetry(Telemetry):
 
     # -- one message ----------------------------------------------------------------
     @contextlib.contextmanager
-    def message(self, delivery: Delivery) -> Iterator[Observation]:
+    def message(self, delivery: Delivery, request_id: str = "") -> Iterator[Observation]:
         """Run the block as the processing of ``delivery``: its span and its observation."""
         if self.tracer is None:
-            with super().message(delivery) as _:
+            with super().message(delivery, request_id) as _:
                 yield from self._observed(_Message(self, delivery, None))
             return
         span = self._message_span(delivery)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            with context.adopted(trace_of(span)):
+            with context.adopted(trace_of(span), request_id):
                 yield from self._observed(_Message(self, delivery, span))
         except BaseException as exc:
             _failed(span, exc)
@@ -214,6 +214,8 @@ class OtelTelemetry(Telemetry):
     def _message_span(self, delivery: Delivery) -> Span:
         assert self.tracer is not None
         request = context.current_trace()
+        if request is not None and request.local:
+            request = None  # made up for the log lines: the span starts a trace
         parent = context.from_attributes(delivery.attributes) or request
         links = ([Link(span_context(request))]
                  if request is not None and parent is not request else None)

@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 
 from eventbus.settings import Settings, SettingsError
 
@@ -89,6 +89,18 @@ def resource(settings: Settings) -> Resource:
     return Resource.create({"service.name": settings.service})
 
 
+def sampler(ratio: float) -> Sampler:
+    """Keep ``ratio`` of traces, decided on the trace id.
+
+    A local parent decides for its children; a remote parent (a push
+    request's header, a parent message's ``traceparent``) that was not
+    sampled does not stop us: the same trace id gives the same decision in
+    every message of a cascade, so a cascade is kept or dropped whole.
+    """
+    by_trace_id = TraceIdRatioBased(ratio)
+    return ParentBased(root=by_trace_id, remote_parent_not_sampled=by_trace_id)
+
+
 def tracer_provider(settings: Settings) -> TracerProvider | None:
     """Return a new tracer provider exporting where ``settings`` say; None for ``none``."""
     name = settings.telemetry_exporter
@@ -96,9 +108,8 @@ def tracer_provider(settings: Settings) -> TracerProvider | None:
         return None
     if name not in SPAN_EXPORTERS:
         raise SettingsError(f"unknown telemetry exporter {name!r}")
-    ratio = TraceIdRatioBased(settings.trace_sample_ratio)
     provider = TracerProvider(resource=resource(settings),
-                              sampler=ParentBased(root=ratio, remote_parent_not_sampled=ratio))
+                              sampler=sampler(settings.trace_sample_ratio))
     provider.add_span_processor(BatchSpanProcessor(SPAN_EXPORTERS[name](settings)))
     return provider
 

@@ -117,7 +117,7 @@ def create_app(router: Router, settings: Settings | None = None,
     app.add_url_rule("/ready", view_func=lambda: _ready(service), methods=["GET"])
     if service.processor.telemetry.metrics_page() is not None:
         app.add_url_rule("/metrics", view_func=lambda: _metrics(service.processor.telemetry),
-                         methods=["GET"])
+                         methods=["GET"], endpoint="metrics")
     app.register_error_handler(HTTPException, _http_error)
     return app
 

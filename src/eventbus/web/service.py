@@ -44,7 +44,8 @@ class PushService:
         request id and the trace (the push's, then the message's once known).
         """
         request_id = _request_id(request)
-        with context.scope(context.from_headers(request.headers), request_id):
+        trace = context.from_headers(request.headers) or context.new_trace()
+        with context.scope(trace, request_id):
             return self._handle(request, request_id)
 
     def _handle(self, request: flask.Request, request_id: str) -> flask.Response:
