@@ -21,6 +21,16 @@ answers that complete inside the timed window, and that say what was expected
 (204; ``processed``; ``duplicate``; a new claim and a matched finish), count.
 Each row's ``--duration`` is cut into ``--slices`` slices taken round-robin
 across the rows, so background load on the machine weighs on all rows alike.
+
+``CPU ms/event``: the CPU time (user + sys) the row's service spent per counted
+answer: its gunicorn master and workers (the service's process group, including
+workers reaped meanwhile), read from ``/proc/<pid>/stat`` at the start and the end
+of each timed window (``psutil`` where there is no ``/proc``). Cloud Run bills
+CPU, so this is the cost side of the rate. The raw pymongo row has no service.
+
+The database is ``MONGODB_URI`` when set; otherwise the local server of the
+``localdb`` tool, started if it is not running and then stopped again at the end
+(a server that was already running is left running).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import json
 import multiprocessing
 import os
 import queue
+import re
 import statistics
 import sys
 import tempfile
@@ -53,8 +64,8 @@ from pymongo import MongoClient, ReturnDocument  # noqa: E402
 from pymongo.collection import Collection  # noqa: E402
 
 from bench.noop_handlers import EVENT_TYPE  # noqa: E402
-from eventbus import records  # noqa: E402
-from eventbus.store import INDEXES  # noqa: E402
+from eventbus.store import documents  # noqa: E402
+from eventbus.store.mongo import INDEXES  # noqa: E402
 
 RAW_COLLECTION = "raw_baseline"
 DUPLICATE_POOL = 20  # events each duplicate-posting thread processes once, then re-posts
@@ -232,11 +243,12 @@ def raw_claim_and_complete(collection: Collection, tag: str) -> bool:
     """The store's two round trips for a new event, sent straight from pymongo."""
     now, owner = datetime.now(UTC), uuid.uuid4().hex
     fields = {**event_document(tag), "pubsub": {"messageId": tag, "form": "wrapped"}}
-    claim = records.claim_pipeline(fields, now, owner=owner, lease=LEASE, created_by="bench",
-                                   retention=RETENTION)  # fmt: skip
-    before = collection.find_one_and_update(records.key_filter(tag), claim, upsert=True,
+    claim = documents.claim_pipeline(fields, now, owner=owner, lease=LEASE, created_by="bench",
+                                     retention=RETENTION)  # fmt: skip
+    before = collection.find_one_and_update(documents.key_filter(tag), claim, upsert=True,
                                             return_document=ReturnDocument.BEFORE)  # fmt: skip
-    done = collection.update_one(records.owner_filter(tag, owner), records.succeed_update(now))
+    done = collection.update_one(documents.owner_filter(tag, owner),
+                                 documents.succeed_update(now))
     return before is None and done.matched_count == 1
 
 
@@ -269,7 +281,11 @@ def mongo_client(uri: str) -> MongoClient:
 
 
 class Start:
-    """Holds a process's threads until all are ready, then hands each the timed window."""
+    """Holds a process's threads until all are ready, then hands each the timed window.
+
+    The window is chosen by the parent process once every client process is
+    ready, so it can sample the service's CPU time at the window's edges.
+    """
 
     def __init__(self, threads: int) -> None:
         self._ready = threading.Barrier(threads + 1, timeout=PREPARE_TIMEOUT)
@@ -284,16 +300,18 @@ class Start:
             raise RuntimeError("the timed window never opened")
         return self._window
 
-    def open(self, everyone: Any, warmup: float, duration: float) -> None:
-        """Called by the process: wait for its threads and for every other process, then go."""
+    def open(self, index: int, ready: Any, go: Any, window: Any) -> None:
+        """Called by the process: its threads are prepared; report ready, take the window."""
         self._ready.wait()
-        everyone.wait(timeout=PREPARE_TIMEOUT)  # every process is prepared: open together
-        start = time.monotonic() + warmup
-        self._window = Window(start, start + duration)
+        ready.put(index)
+        if not go.wait(timeout=PREPARE_TIMEOUT):
+            raise RuntimeError("the parent never opened the timed window")
+        self._window = Window(window[0], window[1])
         self._go.set()
 
 
-def client_process(load: Load, index: int, everyone: Any, results: Any) -> None:
+def client_process(load: Load, index: int, ready: Any, go: Any, window: Any,
+                   results: Any) -> None:  # fmt: skip
     """One client process: its threads prepare, wait together, then run the timed window."""
     client = mongo_client(load.target) if load.kind == "raw" else None
     start = Start(load.threads)
@@ -309,7 +327,7 @@ def client_process(load: Load, index: int, everyone: Any, results: Any) -> None:
     threads = [threading.Thread(target=work, args=(n,)) for n in range(load.threads)]
     for thread in threads:
         thread.start()
-    start.open(everyone, load.warmup, load.duration)
+    start.open(index, ready, go, window)
     for thread in threads:
         thread.join()
     total = Tally()
@@ -320,23 +338,102 @@ def client_process(load: Load, index: int, everyone: Any, results: Any) -> None:
         client.close()
 
 
-def run_load(load: Load, processes: int) -> Tally:
-    """Run ``load`` in ``processes`` client processes; their tallies added up."""
+def run_load(load: Load, processes: int, service: int | None = None) -> tuple[Tally, float | None]:
+    """Run ``load`` in ``processes`` client processes; their tallies added up.
+
+    Also returns the CPU seconds that the service whose gunicorn master is
+    ``service`` (None: no service) spent inside the timed window.
+    """
     context = multiprocessing.get_context("spawn")
-    everyone, results = context.Barrier(processes), context.Queue()
-    workers = [context.Process(target=client_process, args=(load, i, everyone, results))
+    ready, go, results = context.Queue(), context.Event(), context.Queue()
+    window = context.Array("d", 2)
+    workers = [context.Process(target=client_process, args=(load, i, ready, go, window, results))
                for i in range(processes)]  # fmt: skip
     for worker in workers:
         worker.start()
     try:
-        deadline = time.monotonic() + PREPARE_TIMEOUT + load.warmup + load.duration + 60
-        return collect(results, workers, deadline)
+        wait_ready(ready, workers, time.monotonic() + PREPARE_TIMEOUT)
+        start = time.monotonic() + load.warmup
+        window[0], window[1] = start, start + load.duration
+        go.set()
+        cpu = window_cpu(service, start, start + load.duration)
+        return collect(results, workers, time.monotonic() + PREPARE_TIMEOUT + 60), cpu
     finally:
         for worker in workers:
             worker.join(timeout=30)
             if worker.is_alive():
                 worker.kill()
                 worker.join()
+
+
+def wait_ready(ready: Any, workers: Sequence[Any], deadline: float) -> None:
+    """Wait until every client process is prepared; fail fast when one died first."""
+    count = 0
+    while count < len(workers):
+        try:
+            ready.get(timeout=1)
+            count += 1
+            continue
+        except queue.Empty:
+            pass
+        codes = [worker.exitcode for worker in workers]
+        if any(code is not None for code in codes):
+            raise RuntimeError(f"a client process exited before it was ready: exit codes {codes}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("client processes were not ready in time")
+
+
+# --- the service's CPU time -------------------------------------------------------
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + sys CPU seconds of process group ``pgid`` so far: gunicorn's master and workers.
+
+    Each member's own time plus the time of the children it reaped, so a
+    worker that exited (its time moves to the master's ``cutime``/``cstime``)
+    still counts, once. From ``/proc/<pid>/stat``, or psutil without ``/proc``.
+    """
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return _psutil_group_cpu(pgid)
+    ticks = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # After the command name (which may hold spaces and parentheses):
+            # state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+            # utime stime cutime cstime ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if int(fields[2]) == pgid:
+            ticks += sum(int(value) for value in fields[11:15])
+    return ticks / _CLOCK_TICKS
+
+
+def _psutil_group_cpu(pgid: int) -> float:
+    import psutil  # only where there is no /proc
+
+    root = psutil.Process(pgid)
+    total = 0.0
+    for process in (root, *root.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def window_cpu(service: int | None, start: float, end: float) -> float | None:
+    """Sample the service's CPU time at ``start`` and ``end`` (monotonic); the difference."""
+    if service is None:
+        return None
+    time.sleep(max(0.0, start - time.monotonic()))
+    before = group_cpu_seconds(service)
+    time.sleep(max(0.0, end - time.monotonic()))
+    return group_cpu_seconds(service) - before
 
 
 def collect(results: Any, workers: Sequence[Any], deadline: float) -> Tally:
@@ -362,18 +459,45 @@ def collect(results: Any, workers: Sequence[Any], deadline: float) -> Tally:
 # --- services, database, the table -----------------------------------------------
 
 
-def mongodb_uri() -> str:
-    """``MONGODB_URI`` if set, else the local server (started if needed)."""
-    if os.environ.get("MONGODB_URI"):
-        return os.environ["MONGODB_URI"]
-    from localdb import manager
+@contextlib.contextmanager
+def database() -> Iterator[str]:
+    """Yield ``MONGODB_URI`` if set, else the local server's URI.
 
-    return manager.ensure_started()
+    The local server (the ``localdb`` tool) is started when it does not
+    answer, and then stopped at the end; one that already answered is left
+    running, as are servers that ``MONGODB_URI`` names.
+    """
+    if os.environ.get("MONGODB_URI"):
+        yield os.environ["MONGODB_URI"]
+        return
+    from localdb import LocalDBError, ensure_started, status, stop
+
+    try:
+        was_up = status().up
+        uri = ensure_started()
+    except LocalDBError as exc:  # one line saying what failed and what to do
+        raise SystemExit(f"bench/handler.py: {exc}") from None
+    try:
+        yield uri
+    finally:
+        if not was_up:
+            for message in stop():
+                print(f"bench/handler.py: localdb: {message}", file=sys.stderr)
+
+
+def redact(uri: str) -> str:
+    """``uri`` without its password."""
+    return re.sub(r"(//[^:/@]*):[^@/]*@", r"\1:***@", uri)
 
 
 @contextlib.contextmanager
-def services(uri: str, db: str, logs: Path, app: str) -> Iterator[dict[str, str]]:
-    """Start the three apps under the same gunicorn; yield the URL of each row's target."""
+def services(uri: str, db: str, logs: Path,
+             app: str) -> Iterator[tuple[dict[str, str], dict[str, int]]]:  # fmt: skip
+    """Start the three apps under the same gunicorn.
+
+    Yield each row's target (URL, or the MongoDB URI for ``raw``) and the pid of
+    each HTTP row's gunicorn master (which leads the service's process group).
+    """
     from tests.e2e.harness import ServiceProcess
 
     env = {"MONGODB_URI": uri, "MONGODB_DB": db, "EVENTBUS_HANDLER_MODULES": "bench.noop_handlers",
@@ -384,8 +508,13 @@ def services(uri: str, db: str, logs: Path, app: str) -> Iterator[dict[str, str]
         for name, target in apps.items():
             started.append(ServiceProcess(logs / f"{name}.log", app=target, env=env))
             started[-1].start()
-        bare, handler, minimal = (service.url for service in started)
-        yield {"bare": bare, "raw": uri, "new": handler, "dup": handler, "minimal": minimal}
+        bare, handler, minimal = started
+        targets = {"bare": bare.url, "raw": uri, "new": handler.url, "dup": handler.url,
+                   "minimal": minimal.url}  # fmt: skip
+        masters = {kind: service.process.pid for kind, service in
+                   (("bare", bare), ("new", handler), ("dup", handler), ("minimal", minimal))
+                   if service.process is not None}  # fmt: skip
+        yield targets, masters
     finally:
         for service in reversed(started):
             service.stop()
@@ -410,9 +539,26 @@ class Options:
     app: str
 
 
-def measure_all(options: Options, targets: dict[str, str], db: str,
-                run: int) -> dict[str, tuple[float, Tally]]:  # fmt: skip
-    """One run: every row, in round-robin slices; ops/s and tally of each.
+@dataclasses.dataclass
+class RowResult:
+    """One row of one run: answers counted, the rate, and the service's CPU time."""
+
+    tally: Tally
+    rate: float
+    cpu: float | None
+    """CPU seconds the row's service spent in its timed windows; None without a service."""
+
+    @property
+    def cpu_ms_per_event(self) -> float | None:
+        """Milliseconds of service CPU per counted answer."""
+        if self.cpu is None or not self.tally.ok:
+            return None
+        return 1000 * self.cpu / self.tally.ok
+
+
+def measure_all(options: Options, targets: dict[str, str], masters: dict[str, int], db: str,
+                run: int) -> dict[str, RowResult]:  # fmt: skip
+    """One run: every row, in round-robin slices; ops/s, tally and CPU of each.
 
     Each row's time is cut into ``options.slices`` slices taken in turn
     (bare, raw, new, dup, bare, ...), so a burst of other work on the
@@ -422,12 +568,17 @@ def measure_all(options: Options, targets: dict[str, str], db: str,
     seconds = options.duration / options.slices
     run_ids = {kind: f"r{run}-{uuid.uuid4().hex[:6]}" for kind in ROWS}
     tallies = {kind: Tally() for kind in ROWS}
+    cpu: dict[str, float | None] = {kind: None for kind in ROWS}
     for piece in range(options.slices):
         for kind in ROWS:
             load = Load(kind, targets[kind], db, seconds, options.warmup, threads,
                         run_id=run_ids[kind], piece=piece)  # fmt: skip
-            tallies[kind].add(run_load(load, options.processes))
-    return {kind: (tally.ok / options.duration, tally) for kind, tally in tallies.items()}
+            tally, spent = run_load(load, options.processes, masters.get(kind))
+            tallies[kind].add(tally)
+            if spent is not None:
+                cpu[kind] = (cpu[kind] or 0.0) + spent
+    return {kind: RowResult(tally, tally.ok / options.duration, cpu[kind])
+            for kind, tally in tallies.items()}  # fmt: skip
 
 
 def ratios(rates: dict[str, float]) -> dict[str, float]:
@@ -436,43 +587,90 @@ def ratios(rates: dict[str, float]) -> dict[str, float]:
     return {kind: (rate / slower if slower else 0.0) for kind, rate in rates.items()}
 
 
-def print_run(run: int, results: dict[str, tuple[float, Tally]]) -> None:
+def cpu_cell(ms: float | None) -> str:
+    """The CPU column's cell: ms per event, or a dash for a row without a service."""
+    return "-" if ms is None else f"{ms:.2f}"
+
+
+HEADER = f"{'row':<30}{'ops/s':>10}{'vs slower baseline':>20}{'CPU ms/event':>14}"
+
+
+def print_run(run: int, results: dict[str, RowResult]) -> None:
     """Print one run's table, with unexpected answers and errors."""
-    rates = {kind: rate for kind, (rate, _) in results.items()}
+    rates = {kind: row.rate for kind, row in results.items()}
     print(f"\nrun {run + 1}")
-    print(f"{'row':<30}{'ops/s':>10}{'vs slower baseline':>20}{'unexpected':>12}{'errors':>8}")
+    print(f"{HEADER}{'unexpected':>12}{'errors':>8}")
     for kind, ratio in ratios(rates).items():
-        tally = results[kind][1]
-        print(f"{ROW_NAMES[kind]:<30}{rates[kind]:>10.1f}{ratio:>20.2f}"
-              f"{tally.unexpected:>12}{tally.errors:>8}")  # fmt: skip
-        if tally.first_problem:
-            print(f"    first problem: {tally.first_problem}")
-    print(gap_split(rates))
+        row = results[kind]
+        print(f"{ROW_NAMES[kind]:<30}{row.rate:>10.1f}{ratio:>20.2f}"
+              f"{cpu_cell(row.cpu_ms_per_event):>14}"
+              f"{row.tally.unexpected:>12}{row.tally.errors:>8}")  # fmt: skip
+        if row.tally.first_problem:
+            print(f"    first problem: {row.tally.first_problem}")
+    cpu_ms = {kind: row.cpu_ms_per_event for kind, row in results.items()}
+    print(gap_split(quotients(rates, cpu_ms), cpu_ms))
     sys.stdout.flush()
 
 
-def gap_split(rates: dict[str, float]) -> str:
-    """One line splitting the gap to raw pymongo into the framework's part and HTTP's part."""
-    if not rates["raw"] or not rates["minimal"]:
+def quotients(rates: dict[str, float], cpu_ms: dict[str, float | None]) -> dict[str, float]:
+    """The quotients that split the gap to raw pymongo, from one run's figures.
+
+    ``framework``: handler new / minimal Flask ops/s; ``http``: minimal Flask /
+    raw pymongo ops/s; ``cpu``: handler new / minimal Flask CPU per event.
+    A quotient whose divisor measured nothing is left out.
+    """
+    found = {}
+    if rates["minimal"]:
+        found["framework"] = rates["new"] / rates["minimal"]
+    if rates["raw"]:
+        found["http"] = rates["minimal"] / rates["raw"]
+    new, minimal = cpu_ms.get("new"), cpu_ms.get("minimal")
+    if new and minimal:
+        found["cpu"] = new / minimal
+    return found
+
+
+def gap_split(split: dict[str, float], cpu_ms: dict[str, float | None]) -> str:
+    """Lines splitting the gap to raw pymongo into the framework's part and HTTP's part."""
+    if "framework" not in split or "http" not in split:
         return "(a reference row measured nothing: no split of the gap)"
-    return (
-        f"handler new / minimal Flask = {rates['new'] / rates['minimal']:.2f} (the framework); "
-        f"minimal Flask / raw pymongo = {rates['minimal'] / rates['raw']:.2f} "
+    lines = (
+        f"handler new / minimal Flask = {split['framework']:.2f} (the framework); "
+        f"minimal Flask / raw pymongo = {split['http']:.2f} "
         "(gunicorn + Flask + HTTP on this machine)"
     )
+    if "cpu" in split:
+        lines += (f"\nservice CPU per event: handler new / minimal Flask = {split['cpu']:.2f} "
+                  f"({cpu_ms['new']:.2f} ms vs {cpu_ms['minimal']:.2f} ms)")
+    return lines
 
 
-def print_median(runs: Sequence[dict[str, tuple[float, Tally]]]) -> None:
-    """Print the median ops/s and the median ratio of each row over the runs."""
-    per_run = [{kind: rate for kind, (rate, _) in run.items()} for run in runs]
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None; None when there are none."""
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
+
+
+def print_median(runs: Sequence[dict[str, RowResult]]) -> None:
+    """Print the median ops/s, ratio and CPU per event of each row over the runs.
+
+    Like the ratio column, the quotients under the table are medians of each
+    run's own quotients (rows measured side by side), not quotients of medians
+    taken from different runs.
+    """
+    per_run = [{kind: row.rate for kind, row in run.items()} for run in runs]
+    per_run_cpu = [{kind: row.cpu_ms_per_event for kind, row in run.items()} for run in runs]
     print(f"\nmedian of {len(runs)} runs")
-    print(f"{'row':<30}{'ops/s':>10}{'vs slower baseline':>20}")
+    print(HEADER)
+    cpu = {kind: median_or_none([run[kind] for run in per_run_cpu]) for kind in ROWS}
     for kind in ROWS:
         rate = statistics.median(rates[kind] for rates in per_run)
         ratio = statistics.median(ratios(rates)[kind] for rates in per_run)
-        print(f"{ROW_NAMES[kind]:<30}{rate:>10.1f}{ratio:>20.2f}")
-    medians = {kind: statistics.median(rates[kind] for rates in per_run) for kind in ROWS}
-    print(gap_split(medians))
+        print(f"{ROW_NAMES[kind]:<30}{rate:>10.1f}{ratio:>20.2f}{cpu_cell(cpu[kind]):>14}")
+    splits = [quotients(rates, cpu_ms) for rates, cpu_ms in zip(per_run, per_run_cpu, strict=True)]
+    split = {name: statistics.median(found[name] for found in splits if name in found)
+             for name in ("framework", "http", "cpu") if any(name in found for found in splits)}
+    print(gap_split(split, cpu))
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -499,27 +697,27 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the tables."""
     options = parse_args(argv)
-    uri, db = mongodb_uri(), f"bench_{uuid.uuid4().hex[:8]}"
-    from localdb.manager import redact
-
-    print(
-        f"bench/handler.py: {options.duration:g} s per row in {options.slices} slices, "
-        f"each after {options.warmup:g} s warm-up; "
-        f"{options.concurrency} connections over {options.processes} client processes; "
-        f"gunicorn.conf.py for every service; handler app {options.app}; "
-        f"MongoDB {redact(uri)}, database {db}"
-    )
-    runs = []
-    try:
-        prepare_raw_collection(uri, db)
-        with tempfile.TemporaryDirectory(prefix="bench-handler-") as logs, \
-                services(uri, db, Path(logs), options.app) as targets:  # fmt: skip
-            for run in range(options.runs):
-                runs.append(measure_all(options, targets, db, run))
-                print_run(run, runs[-1])
-    finally:
-        with contextlib.closing(mongo_client(uri)) as client:
-            client.drop_database(db)
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    runs: list[dict[str, RowResult]] = []
+    with database() as uri:
+        print(
+            f"bench/handler.py: {options.duration:g} s per row in {options.slices} slices, "
+            f"each after {options.warmup:g} s warm-up; "
+            f"{options.concurrency} connections over {options.processes} client processes; "
+            f"gunicorn.conf.py for every service; handler app {options.app}; "
+            f"MongoDB {redact(uri)}, database {db}"
+        )
+        sys.stdout.flush()
+        try:
+            prepare_raw_collection(uri, db)
+            with tempfile.TemporaryDirectory(prefix="bench-handler-") as logs, \
+                    services(uri, db, Path(logs), options.app) as (targets, masters):  # fmt: skip
+                for run in range(options.runs):
+                    runs.append(measure_all(options, targets, masters, db, run))
+                    print_run(run, runs[-1])
+        finally:
+            with contextlib.closing(mongo_client(uri)) as client:
+                client.drop_database(db)
     if len(runs) > 1:
         print_median(runs)
     return 0

@@ -15,7 +15,7 @@ import os
 import flask
 
 from bench.handler import mongo_client, raw_claim_and_complete
-from eventbus.store import INDEXES
+from eventbus.store.mongo import INDEXES
 
 COLLECTION = "minimal_events"
 

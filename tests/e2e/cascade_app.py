@@ -16,16 +16,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from eventbus.app import build_service, create_app, inline_relay, utcnow
-from eventbus.config import Settings
-from eventbus.context import Context
-from eventbus.errors import PublishError, TransientError
-from eventbus.event import Event
-from eventbus.publisher import EventPublisher
-from eventbus.router import Router
-from eventbus.store import MongoEventStore
-from handlers.notifications import NOTIFY, SENT, on_partner_notify, on_partner_notify_sent
+from eventbus import Context, Router, TransientError, create_app
+from eventbus.model.errors import PublishError
+from eventbus.pubsub.message import MessagePublisher
+from eventbus.store.mongo import MongoEventStore
+from eventbus.web.app import default_publisher, inline_relay, utcnow
+from handlers.notifications import NOTIFY, SENT, PartnerNotifier, on_partner_notify_sent
 from handlers.orders import on_order_event, order_v1_to_v2
+from handlers.settings import AppSettings, PartnerSettings
 
 FAULTS = Path(os.environ["CASCADE_FAULTS"])  # a directory the test owns
 
@@ -42,17 +40,15 @@ def fires_once(name: str) -> bool:
 class FailingFirstPublish:
     """Wraps the relay's publisher: the very first publish fails."""
 
-    def __init__(self, inner: EventPublisher) -> None:
+    def __init__(self, inner: MessagePublisher) -> None:
         self.inner = inner
 
-    def publish_event(self, event: Event, *, key: str | None = None,
-                      ordering_key: str | None = None,
-                      attributes: Mapping[str, str] | None = None,
-                      timeout: float | None = None) -> str:
+    def publish_message(self, data: bytes, attributes: Mapping[str, str], *,
+                        ordering_key: str | None = None, timeout: float | None = None) -> str:
         if fires_once("relay-publish"):
             raise PublishError("injected: the relay's first publish fails")
-        return self.inner.publish_event(event, key=key, ordering_key=ordering_key,
-                                        attributes=attributes, timeout=timeout)
+        return self.inner.publish_message(data, attributes, ordering_key=ordering_key,
+                                          timeout=timeout)
 
 
 def sent_failing_first(context: Context) -> None:
@@ -62,19 +58,19 @@ def sent_failing_first(context: Context) -> None:
     on_partner_notify_sent(context)
 
 
-def cascade_router() -> Router:
+def cascade_router(partners: PartnerSettings) -> Router:
     """The cascade's handlers, with the fault in the last step."""
     router = Router()
     router.handler("OR_MGMT", versions=("v2",), upcasters={"v1": order_v1_to_v2})(on_order_event)
-    router.handler(NOTIFY)(on_partner_notify)
-    router.handler(SENT)(sent_failing_first)
+    # Internal steps, as in handlers.notifications: only the relay may send them.
+    router.handler(NOTIFY, internal=True)(PartnerNotifier(partners))
+    router.handler(SENT, internal=True)(sent_failing_first)
     return router
 
 
-settings = Settings.from_env()
-store = MongoEventStore.from_settings(settings)
-relay = inline_relay(settings, store, utcnow) if settings.relay_inline else None
-if relay is not None:
-    relay.publisher = FailingFirstPublish(relay.publisher)
-app = create_app(settings, store, service=build_service(settings, store, router=cascade_router(),
-                                                        after_success=relay))
+settings = AppSettings.from_env()
+store = MongoEventStore.from_settings(settings.eventbus)
+relay = (inline_relay(settings.eventbus, store, utcnow,
+                      FailingFirstPublish(default_publisher(settings.eventbus)))
+         if settings.eventbus.relay_inline else None)
+app = create_app(cascade_router(settings.partners), settings.eventbus, store, after_success=relay)

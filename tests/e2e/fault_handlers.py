@@ -1,6 +1,7 @@
 """Test-only handlers, loaded into the real gunicorn service for the end-to-end tests.
 
-Start the service with ``EVENTBUS_HANDLER_MODULES="handlers,tests.e2e.fault_handlers"``.
+Start the service with ``EVENTBUS_HANDLER_MODULES=tests.e2e.fault_handlers``: the app
+includes the module's ``routes`` next to its own handlers.
 Every handler's effect is ``count_run``: a non-idempotent ``$inc`` on
 ``e2e_effects.<tag>.runs``, so a second run of the same event shows up as 2.
 ``tag`` is a field of ``entity_data`` that the test chooses.
@@ -19,14 +20,14 @@ import os
 import signal
 import time
 
-from eventbus import router
-from eventbus.context import Context
-from eventbus.errors import PermanentError
+from eventbus import Context, PermanentError, Router
 
 EFFECTS = "e2e_effects"
 GATE_WAITS = "e2e_gate_waits"
 GATE_ENV = "E2E_GATE_FILE"
 GATE_LIMIT_SECONDS = 30.0
+
+routes = Router()
 
 
 def count_run(context: Context) -> None:
@@ -35,14 +36,14 @@ def count_run(context: Context) -> None:
     context.db[EFFECTS].update_one({"_id": tag}, {"$inc": {"runs": 1}}, upsert=True)
 
 
-@router.handler("TEST_EFFECT")
+@routes.handler("TEST_EFFECT")
 def effect(context: Context) -> None:
     """Sleep a little (``sleep`` seconds), then count one run."""
     time.sleep(float(context.event.entity_data.get("sleep", 0)))
     count_run(context)
 
 
-@router.handler("TEST_FLAKY")
+@routes.handler("TEST_FLAKY")
 def flaky(context: Context) -> None:
     """Fail transiently on the first ``fail_times`` attempts, then count one run."""
     if context.attempt <= int(context.event.entity_data.get("fail_times", 1)):
@@ -50,14 +51,14 @@ def flaky(context: Context) -> None:
     count_run(context)
 
 
-@router.handler("TEST_PERMANENT")
+@routes.handler("TEST_PERMANENT")
 def permanent(context: Context) -> None:
     """Count one run, then fail for good."""
     count_run(context)
     raise PermanentError("this event can never succeed")
 
 
-@router.handler("TEST_CRASH")
+@routes.handler("TEST_CRASH")
 def crash(context: Context) -> None:
     """Kill this gunicorn worker on the first attempt (mid-handler), then count one run."""
     if context.attempt == 1:
@@ -65,7 +66,7 @@ def crash(context: Context) -> None:
     count_run(context)
 
 
-@router.handler("TEST_GATED")
+@routes.handler("TEST_GATED")
 def gated(context: Context) -> None:
     """Wait (bounded) while the gate file exists, then count one run."""
     gate = os.environ.get(GATE_ENV, "")

@@ -3,6 +3,7 @@
 - ``service_env``: the environment of a ``main:app`` service under test.
 - ``module_database``: a uniquely named database for one test module.
 - ``event`` / ``wrapped_body`` / ``post``: build events and push them over HTTP.
+- ``stored_key``: the key the service stores a published event under (partner-scoped).
 - ``request_lines``: the service's per-request JSON log lines.
 - ``effect_runs`` / ``record_of`` / ``wait_for_status``: read what happened in MongoDB.
 - ``TcpProxy`` / ``proxied_uri``: a MongoDB connection that a test can cut and restore.
@@ -25,10 +26,13 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from eventbus.model.event import parse_event
+from eventbus.model.keys import record_key
 from tests.e2e import fault_handlers
 from tests.e2e.harness import ServiceProcess, unavailable, wait_until
 
-HANDLER_MODULES = "handlers,tests.e2e.fault_handlers"
+# Extra handler modules: the app always has its own handlers; these add the fault handlers.
+HANDLER_MODULES = "tests.e2e.fault_handlers"
 
 
 def service_env(mongo_uri: str, db_name: str, emulator: str, **extra: str) -> dict[str, str]:
@@ -76,6 +80,14 @@ def event(event_type: str, **data: Any) -> dict[str, Any]:
 def encode(payload: Mapping[str, Any]) -> bytes:
     """The message data a publisher sends for ``payload``."""
     return json.dumps(payload).encode()
+
+
+def stored_key(payload: Mapping[str, Any], attributes: Mapping[str, str]) -> str:
+    """The key the service stores ``payload`` under when published with ``attributes``.
+
+    The library's own rule: a publisher's key (given or derived) scoped by partner.
+    """
+    return record_key(parse_event(encode(payload), attributes), attributes)
 
 
 def wrapped_body(payload: Mapping[str, Any], message_id: str, **attributes: str) -> bytes:

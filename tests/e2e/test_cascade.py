@@ -25,20 +25,25 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from eventbus.keys import child_key
-from eventbus.publisher import Publisher
+from eventbus.model.keys import child_key, record_key
+from eventbus.outbox.relay import outbox_message
+from eventbus.pubsub.message import build_event
+from eventbus.pubsub.publisher import Publisher
 from infra.pubsub.config import PushPolicy
 from tests.e2e.harness import E2E_PROJECT, PROJECT_ROOT, PushRoute, ServiceProcess, wait_until
 from tests.partner_server import PartnerServer
 
 NOTIFY, SENT = "PARTNER_NOTIFY", "PARTNER_NOTIFY_SENT"
-ROOT = "e2e-order-59734:OR_CNF"
-NOTIFY_KEY = child_key(ROOT, NOTIFY, 0)
-SENT_KEY = child_key(NOTIFY_KEY, SENT, 0)
 POLICY = PushPolicy(ack_deadline=60, min_backoff=1.0, max_backoff=2.0, max_delivery_attempts=0)
 ORDER = {"orderId": 59734, "orderStatusLatest": "OR_CNF", "orderStatusLatestTimestamp": 1763800000}
 ENTITY = {"partnerId": "partner-7", "partnerName": "Seven", "entity_id": "order-59734",
           "entity_type": "Order"}
+ORDER_KEY = "e2e-order-59734:OR_CNF"  # the publisher's idempotency_key
+# The order is stored under its partner-scoped key; the children's keys derive from it.
+ROOT = record_key(build_event("OR_MGMT", ORDER, entity=ENTITY, version="v2"),
+                  {"idempotency_key": ORDER_KEY})
+NOTIFY_KEY = child_key(ROOT, NOTIFY, 0)
+SENT_KEY = child_key(NOTIFY_KEY, SENT, 0)
 
 
 class Bus:
@@ -55,7 +60,7 @@ class Bus:
 
     def publish_order(self) -> str:
         return self.publisher.publish("OR_MGMT", ORDER, entity=ENTITY, version="v2",
-                                      idempotency_key=ROOT, ordering_key="order-59734")
+                                      idempotency_key=ORDER_KEY, ordering_key="order-59734")
 
     def sweep(self) -> subprocess.CompletedProcess[str]:
         """Run the sweeper once, as an operator or a scheduler would."""
@@ -118,15 +123,20 @@ def test_a_cascade_with_a_failure_at_each_step_completes_with_every_effect_once(
         assert [call.status for call in partner.calls] == [503, 200]
         assert partner.successes() == {NOTIFY_KEY: 1}
         assert partner.calls[1].path == "/partners/partner-7/events"
+        # The guarded partner call: failed once (503, transient), then set for good.
+        call = mongo_db.side_effects.find_one({"_id": NOTIFY_KEY})
+        assert call is not None and call["status"] == "SUCCESS" and call["attempts"] == 2
+        assert call["result"]["status_code"] == 200 and "error" not in call
         assert mongo_db.partner_notifications.count_documents({}) == 1
         assert mongo_db.order_projection.find_one()["eventsApplied"] == 1
         # The links lead back to the source.
         assert docs[SENT_KEY]["parent_key"] == NOTIFY_KEY
         assert docs[SENT_KEY]["root_key"] == docs[NOTIFY_KEY]["root_key"] == ROOT
-        # A child published again (a relay retry whose answer was lost) is harmless.
-        entry = docs[ROOT]["outbox"][0]
-        bus.publisher.publish(NOTIFY, entry["entity_data"], entity=ENTITY, direction="OUT",
-                              idempotency_key=NOTIFY_KEY)
+        # A child published again (a relay retry whose answer was lost) is harmless:
+        # the same message the relay sends, with its key and cascade links.
+        data, attributes = outbox_message(docs[ROOT]["outbox"][0])
+        assert attributes["idempotency_key"] == NOTIFY_KEY
+        bus.publisher.publish_message(data, attributes)
         wait_until(lambda: any(line["outcome"] == "duplicate"
                                for line in request_lines(app, NOTIFY_KEY)),
                    timeout=30, message="the republished child to be acked as a duplicate")
@@ -158,3 +168,6 @@ def test_a_crash_between_commit_and_publish_is_recovered_by_the_sweeper(
         assert "published 1" in sweeps[0].stdout
         assert partner.successes() == {NOTIFY_KEY: 1}
         assert mongo_db.partner_notifications.count_documents({}) == 1
+        call = mongo_db.side_effects.find_one({"_id": NOTIFY_KEY})
+        assert call is not None and (call["status"], call["attempts"]) == ("SUCCESS", 1)
+        assert call["result"]["status_code"] == 200

@@ -53,9 +53,12 @@ def fire_at_once(url: str, bodies: list[bytes]) -> list[tuple[int, dict[str, Any
         return list(pool.map(send, bodies))
 
 
+def payload(name: str) -> dict[str, Any]:
+    return support.event("TEST_EFFECT", tag=name, sleep=HANDLER_SECONDS)
+
+
 def delivery(name: str, message_id: str) -> bytes:
-    payload = support.event("TEST_EFFECT", tag=name, sleep=HANDLER_SECONDS)
-    return support.wrapped_body(payload, message_id, idempotency_key=name)
+    return support.wrapped_body(payload(name), message_id, idempotency_key=name)
 
 
 def assert_processed_once(
@@ -67,7 +70,7 @@ def assert_processed_once(
     assert outcomes["processed"] == 1, outcomes
     assert set(outcomes) <= {"processed", "duplicate", "in_progress"}, outcomes
     assert support.effect_runs(db, name) == 1
-    record = support.record_of(db, name)
+    record = support.record_of(db, support.stored_key(payload(name), {"idempotency_key": name}))
     assert record is not None
     assert (record["event_status"], record["attempts"]) == ("SUCCESS", 1)
     assert list(record["entity_metadata"]["resilienceAttemptCount"]) == ["1"]

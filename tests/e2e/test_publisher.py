@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from eventbus.publisher import Publisher
+from eventbus.pubsub.publisher import Publisher
 from infra.pubsub.resources import Admin
 from tests.e2e.harness import E2E_PROJECT, PROJECT_ROOT, wait_until
 

@@ -16,9 +16,9 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from eventbus.event import parse_event
-from eventbus.keys import idempotency_key
-from eventbus.publisher import build_event, build_message
+from eventbus.model.event import parse_event
+from eventbus.model.keys import record_key
+from eventbus.pubsub.message import build_event, build_message
 from tests.e2e import support
 from tests.e2e.harness import PushRoute, ServiceProcess, wait_until
 
@@ -62,8 +62,10 @@ def test_order_event_is_stored_success_and_projected(route: PushRoute, db: Datab
     )  # fmt: skip
     data, attributes = build_message(event, key=f"order-{order_id}:OR_CNF:1655292804")
     message_id = route.publish(data, **attributes)
+    key = record_key(event, attributes)
+    assert key == f"p:{partner}:order-{order_id}:OR_CNF:1655292804"  # scoped by partner
 
-    record = support.wait_for_status(db, attributes["idempotency_key"], "SUCCESS")
+    record = support.wait_for_status(db, key, "SUCCESS")
 
     assert record["event_type"] == "OR_MGMT" and record["event_version"] == "v2"
     assert record["event_direction"] == "IN"
@@ -82,23 +84,24 @@ def test_order_event_is_stored_success_and_projected(route: PushRoute, db: Datab
     assert projection is not None
     assert (projection["status"], projection["statusName"]) == ("OR_CNF", "confirmed")
     assert projection["eventsApplied"] == 1
-    assert projection["updatedBy"] == attributes["idempotency_key"]
+    assert projection["updatedBy"] == key
 
 
 def test_transient_failure_heals_on_redelivery(
     route: PushRoute, svc: ServiceProcess, db: Database
 ) -> None:
     name = tag()
-    route.publish(support.encode(support.event("TEST_FLAKY", tag=name, fail_times=1)),
-                  idempotency_key=name)  # fmt: skip
+    payload = support.event("TEST_FLAKY", tag=name, fail_times=1)
+    route.publish(support.encode(payload), idempotency_key=name)
+    key = support.stored_key(payload, {"idempotency_key": name})
 
-    record = support.wait_for_status(db, name, "SUCCESS", timeout=30)
+    record = support.wait_for_status(db, key, "SUCCESS", timeout=30)
 
     assert len(record["entity_metadata"]["resilienceAttemptCount"]) >= 2
     assert record["attempts"] >= 2
     assert "error" not in record and "retryable" not in record
     assert support.effect_runs(db, name) == 1
-    lines = support.wait_for_outcome(svc, name, "processed")
+    lines = support.wait_for_outcome(svc, key, "processed")
     assert (lines[0]["status"], lines[0]["outcome"]) == (503, "retry")
     assert (lines[-1]["status"], lines[-1]["outcome"]) == (200, "processed")
 
@@ -107,19 +110,20 @@ def test_permanent_failure_is_stored_acked_and_not_redelivered(
     route: PushRoute, svc: ServiceProcess, db: Database
 ) -> None:
     name = tag()
-    route.publish(support.encode(support.event("TEST_PERMANENT", tag=name)),
-                  idempotency_key=name)  # fmt: skip
+    payload = support.event("TEST_PERMANENT", tag=name)
+    route.publish(support.encode(payload), idempotency_key=name)
+    key = support.stored_key(payload, {"idempotency_key": name})
 
-    record = support.wait_for_status(db, name, "FAILED", timeout=30)
+    record = support.wait_for_status(db, key, "FAILED", timeout=30)
     assert record["retryable"] is False
     assert record["error"]["classification"] == "permanent"
     assert record["error"]["type"] == "PermanentError" and record["attempts"] == 1
     # A nacked push comes back about 1 s later (min_backoff=1); give it three.
     time.sleep(3)
     assert support.effect_runs(db, name) == 1
-    lines = support.request_lines(svc, name)
+    lines = support.request_lines(svc, key)
     assert [(line["status"], line["outcome"]) for line in lines] == [(200, "rejected")]
-    assert support.record_of(db, name) == record  # unchanged: no attempt after the first
+    assert support.record_of(db, key) == record  # unchanged: no attempt after the first
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["content-hash-key", "idempotency_key"])
@@ -133,7 +137,7 @@ def test_same_event_published_twice_has_its_effect_once(
     second = route.publish(data, **attributes)
     assert first != second  # two messages for Pub/Sub, one event for us
 
-    key = idempotency_key(parse_event(data), attributes)
+    key = record_key(parse_event(data, attributes), attributes)
 
     def both_acked() -> list[dict[str, object]] | None:
         lines = support.request_lines(svc, key)
