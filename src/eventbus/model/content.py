@@ -15,6 +15,7 @@ The walk is iterative, so a hostile nesting depth cannot exhaust the stack.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,13 +29,20 @@ MAX_REJECTED_DATA_BYTES = 256 * 1024
 RAW_PAYLOAD_CHARS = 16 * 1024
 """How much of a refused payload is kept, safely encoded, for operators to read."""
 _INT64 = (-(2**63), 2**63 - 1)
+_LONG_DIGITS = re.compile(r"[0-9]{19,}")
 # Approximate BSON sizes: type byte + key + NUL, then the value.
 _ELEMENT_OVERHEAD = 2
 _SCALAR_BYTES = 8
 
 
-def problem(document: Mapping[str, Any]) -> str | None:
-    """Return why a store would refuse ``document`` (with its nested values), or None."""
+def problem(document: Mapping[str, Any], text: str | None = None) -> str | None:
+    """Return why a store would refuse ``document`` (with its nested values), or None.
+
+    ``text``, the document's JSON when the caller has it, lets the common case
+    skip the walk: ``surely_storable(text)`` proves it in a few C-speed scans.
+    """
+    if text is not None and surely_storable(text):
+        return None
     size = 0
     stack: list[tuple[Any, int]] = [(document, 1)]
     while stack:
@@ -53,6 +61,26 @@ def problem(document: Mapping[str, Any]) -> str | None:
         size += extra
         stack.extend((child, depth + 1) for child in children)
     return None
+
+
+def surely_storable(text: str) -> bool:
+    """Return True when the JSON ``text`` of a document surely holds nothing a store refuses.
+
+    Each test only errs on the side of "not sure" (then ``problem`` walks):
+    a short text cannot grow past the size cap once stored (BSON takes at most
+    about 7 bytes per JSON character), fewer brackets than the depth cap cannot
+    nest deeper, no run of 19 digits means no integer past 64 bits, no escaped
+    NUL means no NUL in a key, and a strict UTF-8 encoding means no lone surrogate.
+    """
+    if len(text) * 8 > MAX_BYTES or "\\u0000" in text or _LONG_DIGITS.search(text):
+        return False
+    if text.count("{") + text.count("[") > MAX_DEPTH:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _scalar(value: Any) -> tuple[str, int]:

@@ -65,7 +65,12 @@ def fingerprint(event: Event) -> str:
 
 def fingerprint_document(document: Mapping[str, object]) -> str:
     """Return the fingerprint of an event document (``Event.to_document()``'s shape)."""
-    return hashlib.sha256(any_text_bytes(canonical_json(document))).hexdigest()
+    return fingerprint_text(canonical_json(document))
+
+
+def fingerprint_text(text: str) -> str:
+    """Return the fingerprint of an event's canonical JSON (``canonical_json``'s text)."""
+    return hashlib.sha256(any_text_bytes(text)).hexdigest()
 
 
 def message_key(event: Event, given: str | None = None) -> str:

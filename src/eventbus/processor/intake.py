@@ -24,7 +24,13 @@ from eventbus.model import content
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import ContentProblem, ForgedLink, InternalOnly, InvalidEvent
 from eventbus.model.event import Event, parse_event
-from eventbus.model.keys import cascade_links, fingerprint, record_key, rejected_key
+from eventbus.model.keys import (
+    canonical_json,
+    cascade_links,
+    fingerprint_text,
+    record_key,
+    rejected_key,
+)
 from eventbus.model.router import Route, Router
 from eventbus.model.status import Status
 from eventbus.store import documents
@@ -59,8 +65,8 @@ class Intake:
     def locate(self, delivery: Delivery) -> Located:
         """Return where ``delivery`` belongs; never raises for anything a message holds."""
         try:
-            event = _event(delivery)
-            key, root = self._key(event, delivery)
+            event, payload = _event(delivery)
+            key, root = self._key(event, delivery, payload)
         except InvalidEvent as exc:
             # Nothing it holds is trusted: not the key it asked for, nor its links.
             return _refused(delivery, _parsed(delivery), exc)
@@ -72,14 +78,14 @@ class Intake:
             # An unknown type keeps its own key, so a replay after the deploy
             # that adds its handler finds it.
             return _refused(delivery, event, exc, key)
-        fields = documents.event_fields(event, delivery, fingerprint=fingerprint(event),
+        fields = documents.event_fields(event, delivery, fingerprint=payload,
                                         **self._links(delivery, key, root))
         return Located(delivery, key, fields, event, route, root)
 
-    def _key(self, event: Event, delivery: Delivery) -> tuple[str, str]:
+    def _key(self, event: Event, delivery: Delivery, payload: str) -> tuple[str, str]:
         links = cascade_links(delivery.attributes)
         if "parent_key" in links or "parent_key" in delivery.attributes:
-            return self._child_key(event, delivery, links.get("parent_key", ""))
+            return self._child_key(delivery, links.get("parent_key", ""), payload)
         key = record_key(event, delivery.attributes)
         return key, key
 
@@ -90,10 +96,10 @@ class Intake:
                                "it is accepted only from the relay")
         return route
 
-    def _child_key(self, event: Event, delivery: Delivery, parent_key: str) -> tuple[str, str]:
+    def _child_key(self, delivery: Delivery, parent_key: str, payload: str) -> tuple[str, str]:
         key = delivery.attributes.get("idempotency_key", "")
         parent = self.store.get(parent_key) if parent_key else None
-        if _listed(parent, key, fingerprint(event)) is None:
+        if _listed(parent, key, payload) is None:
             raise ForgedLink(f"no SUCCESS parent {parent_key!r} lists child {key!r} "
                              "with this payload")
         assert parent is not None
@@ -111,21 +117,37 @@ class Intake:
         return {"parent_key": cascade_links(delivery.attributes)["parent_key"], "root_key": root}
 
 
-def _event(delivery: Delivery) -> Event:
+def _event(delivery: Delivery) -> tuple[Event, str]:
+    """Return the delivery's event and its fingerprint, or raise ``InvalidEvent``.
+
+    The event's canonical JSON is made once: for the fingerprint, and to
+    prove most payloads storable without walking them.
+    """
     if delivery.decode_error:
         raise InvalidEvent(delivery.decode_error)
     event = parse_event(delivery.data, delivery.attributes)
-    found = content.problem({"event": event.to_document(),
-                             "pubsub": delivery.pubsub_document()})
+    document = event.to_document()
+    pubsub = delivery.pubsub_document()
+    text, pubsub_text = _canonical(document), _canonical(pubsub)
+    quick = text + pubsub_text if text is not None and pubsub_text is not None else None
+    found = content.problem({"event": document, "pubsub": pubsub}, quick)
     if found:
         raise ContentProblem(f"the message cannot be stored as it is: {found}")
-    return event
+    assert text is not None  # a document too deep to encode is never storable
+    return event, fingerprint_text(text)
+
+
+def _canonical(value: object) -> str | None:
+    try:
+        return canonical_json(value)
+    except (RecursionError, ValueError):
+        return None
 
 
 def _parsed(delivery: Delivery) -> Event | None:
     """The event a refused message holds, when it parses and its content can be kept."""
     try:
-        return _event(delivery)
+        return _event(delivery)[0]
     except InvalidEvent:
         return None
 
