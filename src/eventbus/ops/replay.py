@@ -14,8 +14,8 @@ One replay is three steps, in this order:
    that is no longer FAILED (a delivery is processing it, or it succeeded
    meanwhile) is skipped: the claim decides, never the operator.
 3. **publish** the message through a ``MessagePublisher``. If publishing
-   fails, the record stays FAILED and retryable: a new replay, or the redrive
-   sweeper, sends it later.
+   fails, the record stays FAILED and retryable (with the audit entry) and the
+   result says so: replaying it again sends it.
 
 ``--data FILE`` replays a payload stored as invalid with corrected data: the
 data is validated as the receiver would, published with the original
