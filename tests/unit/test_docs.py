@@ -1,0 +1,48 @@
+"""Every module and name the docs mention exists: the docs cannot drift from the code."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "infra" / "deploy" / "README.md"]
+DOTTED = re.compile(r"\beventbus(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+PATHS = re.compile(r"`((?:src|handlers|infra|tests|bench|examples|docs)/"
+                   r"[\w./-]+\.(?:py|md|sh|toml))")
+
+
+def resolves(dotted: str) -> bool:
+    """True when ``dotted`` is a module, or a name defined in one (possibly nested)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            if importlib.util.find_spec(module) is None:
+                continue
+        except ModuleNotFoundError:  # a name inside a module, not a submodule
+            continue
+        value: object = importlib.import_module(module)
+        for name in parts[cut:]:
+            if not hasattr(value, name):
+                return False
+            value = getattr(value, name)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: path.name)
+def test_every_dotted_name_in_the_docs_exists(doc: Path) -> None:
+    names = sorted(set(DOTTED.findall(doc.read_text())))
+    assert [name for name in names if not resolves(name.rstrip("."))] == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: path.name)
+def test_every_repository_path_in_the_docs_exists(doc: Path) -> None:
+    paths = sorted(set(PATHS.findall(doc.read_text())))
+    assert [path for path in paths if not (ROOT / path).exists()] == []
