@@ -70,6 +70,8 @@ if ! curl -fsS "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
 fi
 echo "== relay sweeper (log: var/relay.log)"
 background relay .venv/bin/eventbus relay --interval 5
+echo "== redrive sweeper (log: var/redrive.log)"
+background redrive .venv/bin/eventbus redrive --interval 60
 for _ in $(seq 1 60); do
   curl -fsS "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
   sleep 0.5
@@ -96,8 +98,9 @@ partner=6231cfc8800d284c981b3146
 cat <<MSG
 
 The service is still running on http://127.0.0.1:$PORT/ (log: var/service.log),
-with the relay sweeper (var/relay.log) and the partner stub (var/partner.log:
-one line per OUT notification the cascades delivered). The local settings are
+with the relay and redrive sweepers (var/relay.log, var/redrive.log) and the
+partner stub (var/partner.log: one line per OUT notification the cascades
+delivered). The local settings are
 in .env, which every eventbus command below reads.
 Console:         $console_url
 Statuses:        .venv/bin/eventbus status
