@@ -10,6 +10,14 @@ Rows (see bench/README.md):
   upsert and the finishing ``update_one``, straight from pymongo, same concurrency;
 - ``handler new events``: ``main:app`` with the real store and a no-op handler
   (``bench/noop_handlers.py``), every push a new event;
+- ``new + telemetry (noop)``: the same app with traces and metrics on
+  (``EVENTBUS_TELEMETRY_EXPORTER=noop``, ``EVENTBUS_METRICS_EXPORTER=noop``: every span
+  and measurement made, with the pymongo and requests instrumentations, then dropped
+  by a no-op exporter), every push a new event; divided by ``handler new events``
+  (telemetry off), it is the telemetry's overhead (target >= 0.95);
+- ``new + telemetry, no pymongo``: the same without the pymongo instrumentation
+  (``EVENTBUS_TRACE_LIBRARIES=requests``), whose two spans per event cost as much as
+  the service's own four;
 - ``handler duplicates``: the same service, re-posting events it already processed;
 - ``minimal Flask claim+complete`` (reference): ``bench/minimal_app.py``, the thinnest
   Flask service doing the raw baseline's two round trips per push; what any
@@ -68,15 +76,23 @@ from eventbus.store import documents  # noqa: E402
 from eventbus.store.mongo import INDEXES  # noqa: E402
 
 RAW_COLLECTION = "raw_baseline"
+# The telemetry rows: spans and measurements made, exported nowhere; with the default
+# instrumentations (pymongo, requests), and without pymongo's (its two spans per event).
+TELEMETRY_ON = {"EVENTBUS_TELEMETRY_EXPORTER": "noop", "EVENTBUS_METRICS_EXPORTER": "noop"}
+TELEMETRY_ROWS = {"otel": TELEMETRY_ON,
+                  "otel_lean": {**TELEMETRY_ON, "EVENTBUS_TRACE_LIBRARIES": "requests"}}
+TELEMETRY_TARGET = 0.95
 DUPLICATE_POOL = 20  # events each duplicate-posting thread processes once, then re-posts
 PREPARE_TIMEOUT = 120.0  # seconds a client may take to get ready before the run fails
 LEASE = timedelta(seconds=60)
 RETENTION = timedelta(days=30)
-ROWS = ("bare", "raw", "new", "dup", "minimal")
+ROWS = ("bare", "raw", "new", "otel", "otel_lean", "dup", "minimal")
 ROW_NAMES = {
     "bare": "bare Flask 204",
     "raw": "raw pymongo claim+complete",
     "new": "handler new events",
+    "otel": "new + telemetry (noop)",
+    "otel_lean": "new + telemetry, no pymongo",
     "dup": "handler duplicates",
     "minimal": "minimal Flask claim+complete",
 }
@@ -493,7 +509,7 @@ def redact(uri: str) -> str:
 @contextlib.contextmanager
 def services(uri: str, db: str, logs: Path,
              app: str) -> Iterator[tuple[dict[str, str], dict[str, int]]]:  # fmt: skip
-    """Start the three apps under the same gunicorn.
+    """Start the apps under the same gunicorn (the handler app once per telemetry setting).
 
     Yield each row's target (URL, or the MongoDB URI for ``raw``) and the pid of
     each HTTP row's gunicorn master (which leads the service's process group).
@@ -502,22 +518,24 @@ def services(uri: str, db: str, logs: Path,
 
     env = {"MONGODB_URI": uri, "MONGODB_DB": db, "EVENTBUS_HANDLER_MODULES": "bench.noop_handlers",
            "EVENTBUS_RELAY_INLINE": "false"}  # fmt: skip
-    apps = {"bare": "bench.bare_app:app", "handler": app, "minimal": "bench.minimal_app:app"}
-    started: list[ServiceProcess] = []
+    apps = {"bare": ("bench.bare_app:app", {}), "new": (app, {}),
+            "minimal": ("bench.minimal_app:app", {}),
+            **{row: (app, extra) for row, extra in TELEMETRY_ROWS.items()}}  # fmt: skip
+    started: dict[str, ServiceProcess] = {}
     try:
-        for name, target in apps.items():
-            started.append(ServiceProcess(logs / f"{name}.log", app=target, env=env))
-            started[-1].start()
-        bare, handler, minimal = started
-        targets = {"bare": bare.url, "raw": uri, "new": handler.url, "dup": handler.url,
-                   "minimal": minimal.url}  # fmt: skip
-        masters = {kind: service.process.pid for kind, service in
-                   (("bare", bare), ("new", handler), ("dup", handler), ("minimal", minimal))
+        for name, (target, extra) in apps.items():
+            started[name] = ServiceProcess(logs / f"{name}.log", app=target,
+                                           env={**env, **extra})  # fmt: skip
+            started[name].start()
+        started["dup"] = started["new"]  # duplicates go to the new-events service
+        targets = {"raw": uri, **{row: service.url for row, service in started.items()}}
+        masters = {row: service.process.pid for row, service in started.items()
                    if service.process is not None}  # fmt: skip
         yield targets, masters
     finally:
-        for service in reversed(started):
-            service.stop()
+        for name, service in reversed(started.items()):
+            if name != "dup":
+                service.stop()
 
 
 def prepare_raw_collection(uri: str, db: str) -> None:
@@ -616,7 +634,8 @@ def quotients(rates: dict[str, float], cpu_ms: dict[str, float | None]) -> dict[
     """The quotients that split the gap to raw pymongo, from one run's figures.
 
     ``framework``: handler new / minimal Flask ops/s; ``http``: minimal Flask /
-    raw pymongo ops/s; ``cpu``: handler new / minimal Flask CPU per event.
+    raw pymongo ops/s; ``cpu``: handler new / minimal Flask CPU per event;
+    ``<row>/new`` and ``<row>/new cpu``: a telemetry row over telemetry off, ops/s and CPU.
     A quotient whose divisor measured nothing is left out.
     """
     found = {}
@@ -627,13 +646,19 @@ def quotients(rates: dict[str, float], cpu_ms: dict[str, float | None]) -> dict[
     new, minimal = cpu_ms.get("new"), cpu_ms.get("minimal")
     if new and minimal:
         found["cpu"] = new / minimal
+    for row in TELEMETRY_ROWS:
+        if rates["new"]:
+            found[f"{row}/new"] = rates[row] / rates["new"]
+        if new and cpu_ms.get(row):
+            found[f"{row}/new cpu"] = (cpu_ms[row] or 0.0) / new
     return found
 
 
 def gap_split(split: dict[str, float], cpu_ms: dict[str, float | None]) -> str:
     """Lines splitting the gap to raw pymongo into the framework's part and HTTP's part."""
     if "framework" not in split or "http" not in split:
-        return "(a reference row measured nothing: no split of the gap)"
+        return ("(a reference row measured nothing: no split of the gap)"
+                + telemetry_line(split, cpu_ms))
     lines = (
         f"handler new / minimal Flask = {split['framework']:.2f} (the framework); "
         f"minimal Flask / raw pymongo = {split['http']:.2f} "
@@ -642,6 +667,23 @@ def gap_split(split: dict[str, float], cpu_ms: dict[str, float | None]) -> str:
     if "cpu" in split:
         lines += (f"\nservice CPU per event: handler new / minimal Flask = {split['cpu']:.2f} "
                   f"({cpu_ms['new']:.2f} ms vs {cpu_ms['minimal']:.2f} ms)")
+    return lines + telemetry_line(split, cpu_ms)
+
+
+def telemetry_line(split: dict[str, float], cpu_ms: dict[str, float | None]) -> str:
+    """The telemetry's overhead: ops/s with traces and metrics on (no-op exporters) over off."""
+    lines = ""
+    for row in TELEMETRY_ROWS:
+        if f"{row}/new" not in split:
+            lines += f"\n(no {ROW_NAMES[row]!r} ratio: the telemetry-off row measured nothing)"
+            continue
+        ratio = split[f"{row}/new"]
+        verdict = "meets" if ratio >= TELEMETRY_TARGET else "MISSES"
+        lines += (f"\n{ROW_NAMES[row]} / handler new = {ratio:.3f} ops/s "
+                  f"({verdict} the target >= {TELEMETRY_TARGET})")
+        if f"{row}/new cpu" in split:
+            lines += (f"; CPU per event {split[f'{row}/new cpu']:.3f}x "
+                      f"({cpu_ms[row] or 0:.2f} ms vs {cpu_ms['new'] or 0:.2f} ms)")
     return lines
 
 
@@ -669,7 +711,7 @@ def print_median(runs: Sequence[dict[str, RowResult]]) -> None:
         print(f"{ROW_NAMES[kind]:<30}{rate:>10.1f}{ratio:>20.2f}{cpu_cell(cpu[kind]):>14}")
     splits = [quotients(rates, cpu_ms) for rates, cpu_ms in zip(per_run, per_run_cpu, strict=True)]
     split = {name: statistics.median(found[name] for found in splits if name in found)
-             for name in ("framework", "http", "cpu") if any(name in found for found in splits)}
+             for name in {name for found in splits for name in found}}
     print(gap_split(split, cpu))
 
 

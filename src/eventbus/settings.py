@@ -60,6 +60,8 @@ class Settings:
     """Share of traces kept, decided on the trace id, so a cascade is kept or dropped whole."""
     metrics_interval_seconds: float = 60.0
     """How often ``otlp`` (and ``noop``) metrics are exported."""
+    trace_libraries: tuple[str, ...] = ("pymongo", "requests")
+    """Libraries instrumented when tracing is on (``none``: only the service's own spans)."""
 
     def __post_init__(self) -> None:
         """Refuse settings that would serve pushes unauthenticated while auth is on."""
@@ -199,5 +201,6 @@ SOURCES: dict[str, tuple[str, Parser]] = {
                          parse_choice("none", "prometheus", "otlp", "noop")),
     "trace_sample_ratio": ("EVENTBUS_TRACE_SAMPLE_RATIO", parse_ratio),
     "metrics_interval_seconds": ("EVENTBUS_METRICS_INTERVAL_SECONDS", parse_float),
+    "trace_libraries": ("EVENTBUS_TRACE_LIBRARIES", parse_list),
 }
 """Where each field of ``Settings`` comes from: field → (variable, parser)."""

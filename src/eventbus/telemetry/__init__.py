@@ -6,10 +6,11 @@
 * ``core``: ``Telemetry``, the default (no spans, no metrics; carries trace context);
 * ``otel``: ``OtelTelemetry``, spans and metrics through OpenTelemetry;
 * ``providers``: providers and exporters from ``Settings``;
+* ``spans``: a lean ``Tracer`` (the API's) feeding the SDK's span processors;
 * ``http``: a ``requests`` session that writes one outbound line per call.
 
 May import: ``eventbus.model``, ``eventbus.settings`` (and ``eventbus.store.base``
-for types only). OpenTelemetry is imported only by ``otel`` and
+for types only). OpenTelemetry is imported only by ``otel``, ``spans`` and
 ``providers``, which load only when an exporter is configured; ``requests``
 only by ``http``. So the library imports, and runs with telemetry off,
 where neither OpenTelemetry nor requests is installed.

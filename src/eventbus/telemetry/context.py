@@ -179,22 +179,39 @@ def scope(trace: TraceContext | None = None, request_id: str = "") -> Iterator[S
         _SCOPE.reset(token)
 
 
-@contextlib.contextmanager
-def adopted(trace: TraceContext | None, request_id: str = "") -> Iterator[Scope]:
-    """Move the current scope to ``trace`` for good, or open one for the block if none is open.
+ScopeToken = contextvars.Token[Scope | None]
+
+
+def adopt(trace: TraceContext | None, request_id: str = "") -> ScopeToken | None:
+    """Move the current scope to ``trace`` for good, or open one if none is open.
 
     The push endpoint's scope keeps the message's trace after processing, so
     the request line written last carries it too. ``request_id`` is the
-    scope's when it has none yet.
+    scope's when it has none yet. Returns what ``leave`` needs: None when an
+    open scope was moved (it stays), the token of the scope opened here otherwise.
     """
     current = _SCOPE.get()
     if current is not None:
         current.trace = trace
         current.request_id = current.request_id or request_id
-        yield current
-        return
-    with scope(trace, request_id) as opened:
-        yield opened
+        return None
+    return _SCOPE.set(Scope(trace, request_id))
+
+
+def leave(token: ScopeToken | None) -> None:
+    """Close the scope ``adopt`` opened (nothing when it moved an open one)."""
+    if token is not None:
+        _SCOPE.reset(token)
+
+
+@contextlib.contextmanager
+def adopted(trace: TraceContext | None, request_id: str = "") -> Iterator[Scope | None]:
+    """``adopt`` for the block: a scope opened here is closed after it."""
+    token = adopt(trace, request_id)
+    try:
+        yield _SCOPE.get()
+    finally:
+        leave(token)
 
 
 def current_scope() -> Scope | None:

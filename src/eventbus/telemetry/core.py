@@ -116,11 +116,10 @@ class Telemetry:
         return OtelTelemetry.from_settings(settings, now=now, instrument=instrument)
 
     # -- one message ----------------------------------------------------------------
-    @contextlib.contextmanager
-    def message(self, delivery: Delivery, request_id: str = "") -> Iterator[Observation]:
+    def message(self, delivery: Delivery,
+                request_id: str = "") -> contextlib.AbstractContextManager[Observation]:
         """Run the block as the processing of ``delivery``, under its trace context."""
-        with context.adopted(message_trace(delivery.attributes), request_id):
-            yield _OBSERVATION
+        return _Adopting(message_trace(delivery.attributes), request_id)
 
     def claiming(self, event_type: str) -> contextlib.AbstractContextManager[Any]:
         """Wrap the claim of a routed event of ``event_type``."""
@@ -172,6 +171,23 @@ class Telemetry:
 
     def shutdown(self) -> None:
         """Flush and stop what this telemetry started."""
+
+
+class _Adopting:
+    """The block runs under ``trace`` (``context.adopt``); a plain class: it runs per message."""
+
+    __slots__ = ("request_id", "token", "trace")
+
+    def __init__(self, trace: context.TraceContext, request_id: str) -> None:
+        self.trace, self.request_id = trace, request_id
+        self.token: context.ScopeToken | None = None
+
+    def __enter__(self) -> Observation:
+        self.token = context.adopt(self.trace, self.request_id)
+        return _OBSERVATION
+
+    def __exit__(self, *exc: object) -> None:
+        context.leave(self.token)
 
 
 def message_trace(attributes: Mapping[str, str]) -> context.TraceContext:

@@ -39,6 +39,7 @@ import contextvars
 import datetime as dt
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -58,13 +59,23 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    Tracer,
     TraceState,
 )
 
 from eventbus.model.delivery import Delivery
 from eventbus.settings import Settings
 from eventbus.telemetry import context
-from eventbus.telemetry.core import Clock, Document, Finished, Observation, R, Telemetry
+from eventbus.telemetry.core import (
+    Clock,
+    Document,
+    Finished,
+    Observation,
+    R,
+    Telemetry,
+    message_trace,
+)
+from eventbus.telemetry.spans import LeanTracerProvider
 
 if TYPE_CHECKING:
     from eventbus.store.base import Claim
@@ -80,6 +91,7 @@ ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 10, 20, 50, 100)
 _FAILED = frozenset({"retry", "rejected", "unavailable", "lease_lost"})
 _FINAL = frozenset({"processed", "replayed", "rejected"})
 _MAX_TEXT = 256
+_NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
 _FRACTION = re.compile(r"(\.\d{6})\d+")
 _MESSAGE: contextvars.ContextVar[_Message | None] = contextvars.ContextVar(
     "eventbus_message", default=None)
@@ -92,11 +104,18 @@ def text(value: object, limit: int = _MAX_TEXT) -> str:
 
 
 class Instruments:
-    """The service's metric instruments, on one meter."""
+    """The service's metric instruments, on one meter.
+
+    The outcome counter is counted here, in a dict, and read by the SDK when
+    it collects (an observable counter): one SDK measurement costs about
+    sixty Python calls, and this count is taken for every delivery.
+    """
 
     def __init__(self, meter: Meter) -> None:
-        self.events = meter.create_counter(
-            "eventbus.events", unit="{delivery}",
+        self._counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        meter.create_observable_counter(
+            "eventbus.events", callbacks=[self._observe_events], unit="{delivery}",
             description="Deliveries by event type and outcome")
         self.handler = meter.create_histogram(
             "eventbus.handler.duration", unit="s", description="Handler run time",
@@ -110,17 +129,29 @@ class Instruments:
             description="Attempts an event took to its final outcome",
             explicit_bucket_boundaries_advisory=ATTEMPT_BUCKETS)
 
+    def count(self, event_type: str, outcome: str) -> None:
+        """Count one delivery of ``event_type`` that ended in ``outcome``."""
+        key = (event_type, outcome)
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def _observe_events(self, options: CallbackOptions) -> Iterable[Measurement]:
+        with self._lock:
+            counted = list(self._counts.items())
+        return [Measurement(total, {"event_type": event_type, "outcome": outcome})
+                for (event_type, outcome), total in counted]
+
 
 class _Message(Observation):
     """One delivery being processed: its span, and what the metrics need at the end."""
 
-    __slots__ = ("delivery", "event_type", "handler_trace", "replayed", "span", "telemetry")
+    __slots__ = ("delivery", "event_type", "handler_span", "replayed", "span", "telemetry")
 
     def __init__(self, telemetry: OtelTelemetry, delivery: Delivery, span: Span | None) -> None:
         self.telemetry, self.delivery, self.span = telemetry, delivery, span
         self.event_type = ""
         self.replayed = False
-        self.handler_trace: context.TraceContext | None = None
+        self.handler_span: Span | None = None
 
     def done(self, result: R) -> R:
         """Record the outcome on the span and the counters; return ``result``."""
@@ -144,7 +175,7 @@ class _Message(Observation):
 
     def _count(self, instruments: Instruments, result: Finished, outcome: str) -> None:
         labels = {"event_type": self.event_type or UNROUTED, "outcome": outcome}
-        instruments.events.add(1, labels)
+        instruments.count(labels["event_type"], outcome)
         if outcome not in _FINAL:
             return
         if result.attempt > 0:
@@ -163,12 +194,14 @@ class OtelTelemetry(Telemetry):
                  registry: Any = None, instrumentors: Sequence[Any] = ()) -> None:
         super().__init__(now=now)
         self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
-        self.tracer = tracer_provider.get_tracer("eventbus") if tracer_provider else None
+        self.spans = LeanTracerProvider(tracer_provider) if tracer_provider else None
+        """The tracers of the service and its instrumentations: lean spans (``spans``)."""
+        self.tracer = self.spans.get_tracer("eventbus") if self.spans is not None else None
         self.meter = meter_provider.get_meter("eventbus") if meter_provider else None
         self.instruments = Instruments(self.meter) if self.meter is not None else None
         self.tracing, self.metering = self.tracer is not None, self.meter is not None
         self.registry = registry
-        self._instrumentors = list(instrumentors)
+        self.instrumentors = list(instrumentors)
         self._stores: list[Any] = []
 
     @classmethod
@@ -179,39 +212,21 @@ class OtelTelemetry(Telemetry):
 
         tracer_provider = providers.tracer_provider(settings)
         meter_provider, registry = providers.meter_provider(settings)
-        instrumentors = (providers.instrument_libraries(tracer_provider)
-                         if instrument and tracer_provider is not None else [])
-        return cls(tracer_provider=tracer_provider, meter_provider=meter_provider, now=now,
-                   registry=registry, instrumentors=instrumentors)
+        built = cls(tracer_provider=tracer_provider, meter_provider=meter_provider, now=now,
+                    registry=registry)
+        if instrument and built.spans is not None:
+            built.instrumentors = providers.instrument_libraries(built.spans,
+                                                                 settings.trace_libraries)
+        return built
 
     # -- one message ----------------------------------------------------------------
-    @contextlib.contextmanager
-    def message(self, delivery: Delivery, request_id: str = "") -> Iterator[Observation]:
+    def message(self, delivery: Delivery,
+                request_id: str = "") -> contextlib.AbstractContextManager[Observation]:
         """Run the block as the processing of ``delivery``: its span and its observation."""
-        if self.tracer is None:
-            with super().message(delivery, request_id) as _:
-                yield from self._observed(_Message(self, delivery, None))
-            return
-        span = self._message_span(delivery)
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            with context.adopted(trace_of(span), request_id):
-                yield from self._observed(_Message(self, delivery, span))
-        except BaseException as exc:
-            _failed(span, exc)
-            raise
-        finally:
-            otel_context.detach(token)
-            span.end()
+        return _Processing(self, delivery, request_id)
 
-    def _observed(self, message: _Message) -> Iterator[Observation]:
-        token = _MESSAGE.set(message)
-        try:
-            yield message
-        finally:
-            _MESSAGE.reset(token)
-
-    def _message_span(self, delivery: Delivery) -> Span:
+    def message_span(self, delivery: Delivery) -> Span:
+        """Start the span of ``delivery``: under its attributes' context, else the request's."""
         assert self.tracer is not None
         request = context.current_trace()
         if request is not None and request.local:
@@ -229,7 +244,7 @@ class OtelTelemetry(Telemetry):
         message = _MESSAGE.get()
         if message is not None:
             message.event_type = text(event_type, 128)
-        return self._child("claim")
+        return self.span("claim")
 
     def claimed(self, claim: Claim) -> None:
         """Note a replay audit on the record the claim took."""
@@ -237,64 +252,23 @@ class OtelTelemetry(Telemetry):
         if message is not None and claim.previous and claim.previous.get("replays"):
             message.replayed = True
 
-    @contextlib.contextmanager
-    def handler(self, event_type: str) -> Iterator[None]:
+    def handler(self, event_type: str) -> contextlib.AbstractContextManager[Any]:
         """Span ``handler`` and the handler-latency histogram."""
-        started = time.perf_counter()
-        try:
-            with self._child("handler", errors=True):
-                message = _MESSAGE.get()
-                if message is not None:
-                    message.handler_trace = context.current_trace()
-                yield
-        finally:
-            if self.instruments is not None:
-                self.instruments.handler.record(time.perf_counter() - started,
-                                                {"event_type": text(event_type, 128)})
+        return _Handling(self, text(event_type, 128))
 
     def span(self, name: str) -> contextlib.AbstractContextManager[Any]:
-        """A child span of the message (``finish``, ``relay``)."""
-        return self._child(name)
+        """A child span of the message (``finish``, ``relay``), current for its block."""
+        return _NOTHING if self.tracer is None else _Step(self.tracer, name)
 
     def stamp(self, outbox: Sequence[Document]) -> list[Document]:
         """Stamp each entry with the handler span's context (where the children were emitted)."""
         message = _MESSAGE.get()
-        trace_context = message.handler_trace if message is not None else None
-        if trace_context is None:
+        if message is None or message.handler_span is None:
             return super().stamp(outbox)
-        carried = trace_context.attributes()
+        carried = trace_of(message.handler_span).attributes()
         for entry in outbox:
             entry.update(carried)
         return list(outbox)
-
-    @contextlib.contextmanager
-    def _child(self, name: str, *, errors: bool = False,
-               kind: SpanKind = SpanKind.INTERNAL) -> Iterator[Span | None]:
-        if self.tracer is None:
-            yield None
-            return
-        with self._spanning(self.tracer.start_span(name, kind=kind), errors) as span:
-            yield span
-
-    @contextlib.contextmanager
-    def _spanning(self, span: Span, errors: bool) -> Iterator[Span]:
-        """Make ``span`` current (for OpenTelemetry and for log lines) for the block."""
-        token = otel_context.attach(trace.set_span_in_context(span))
-        scope = context.current_scope()
-        before = scope.trace if scope is not None else None
-        if scope is not None:
-            scope.trace = trace_of(span)
-        try:
-            yield span
-        except BaseException as exc:
-            if errors:
-                _failed(span, exc)
-            raise
-        finally:
-            if scope is not None:
-                scope.trace = before
-            otel_context.detach(token)
-            span.end()
 
     # -- the relay ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -312,9 +286,16 @@ class OtelTelemetry(Telemetry):
                         "eventbus.event_type": text(entry.get("event_type", ""), 128),
                         "eventbus.idempotency_key": text(entry.get("idempotency_key", ""))})
         own = trace_of(span)
-        with context.scope(own, context.current_request_id()), \
-                self._spanning(span, errors=True):
-            yield own.attributes()
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            with context.scope(own, context.current_request_id()):
+                yield own.attributes()
+        except BaseException as exc:
+            _failed(span, exc)
+            raise
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     # -- the service ------------------------------------------------------------------
     def watch_outbox(self, store: Any) -> None:
@@ -349,13 +330,102 @@ class OtelTelemetry(Telemetry):
 
     def shutdown(self) -> None:
         """Flush the exporters, stop the providers, remove the instrumentations."""
-        for instrumentor in self._instrumentors:
+        for instrumentor in self.instrumentors:
             instrumentor.uninstrument()
-        self._instrumentors.clear()
+        self.instrumentors.clear()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         if self.meter_provider is not None:
             self.meter_provider.shutdown()
+
+
+class _Processing:
+    """One message: its span (current for the block), its scope's trace, its observation.
+
+    Plain classes with ``__slots__`` here rather than generator context
+    managers: these run for every message, and every microsecond shows.
+    """
+
+    __slots__ = ("delivery", "message", "request_id", "scope", "span", "telemetry", "token")
+
+    def __init__(self, telemetry: OtelTelemetry, delivery: Delivery, request_id: str) -> None:
+        self.telemetry, self.delivery, self.request_id = telemetry, delivery, request_id
+        self.span: Span | None = None
+        self.token: object = None
+        self.scope: context.ScopeToken | None = None
+        self.message: contextvars.Token[_Message | None] | None = None
+
+    def __enter__(self) -> Observation:
+        if self.telemetry.tracer is not None:
+            self.span = self.telemetry.message_span(self.delivery)
+            self.token = otel_context.attach(trace.set_span_in_context(self.span))
+            trace_context = trace_of(self.span)
+        else:
+            trace_context = message_trace(self.delivery.attributes)
+        self.scope = context.adopt(trace_context, self.request_id)
+        observed = _Message(self.telemetry, self.delivery, self.span)
+        self.message = _MESSAGE.set(observed)
+        return observed
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if self.message is not None:
+            _MESSAGE.reset(self.message)
+        context.leave(self.scope)
+        if self.span is not None:
+            if exc is not None:
+                _failed(self.span, exc)
+            otel_context.detach(self.token)  # type: ignore[arg-type]
+            self.span.end()
+
+
+class _Step:
+    """One child span of the message, current for its block (pymongo and requests spans nest)."""
+
+    __slots__ = ("errors", "name", "span", "token", "tracer")
+
+    def __init__(self, tracer: Tracer, name: str, errors: bool = False) -> None:
+        self.tracer, self.name, self.errors = tracer, name, errors
+        self.span: Span | None = None
+        self.token: object = None
+
+    def __enter__(self) -> Span:
+        self.span = span = self.tracer.start_span(self.name)
+        self.token = otel_context.attach(trace.set_span_in_context(span))
+        return span
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        assert self.span is not None
+        if exc is not None and self.errors:
+            _failed(self.span, exc)
+        otel_context.detach(self.token)  # type: ignore[arg-type]
+        self.span.end()
+
+
+class _Handling:
+    """The handler's run: span ``handler`` (errors recorded) and the latency histogram."""
+
+    __slots__ = ("event_type", "started", "step", "telemetry")
+
+    def __init__(self, telemetry: OtelTelemetry, event_type: str) -> None:
+        self.telemetry, self.event_type, self.started = telemetry, event_type, 0.0
+        tracer = telemetry.tracer
+        self.step = None if tracer is None else _Step(tracer, "handler", errors=True)
+
+    def __enter__(self) -> None:
+        if self.step is not None:
+            span = self.step.__enter__()
+            message = _MESSAGE.get()
+            if message is not None:
+                message.handler_span = span
+        self.started = time.perf_counter()
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        seconds = time.perf_counter() - self.started
+        if self.step is not None:
+            self.step.__exit__(kind, exc, tb)
+        instruments = self.telemetry.instruments
+        if instruments is not None:
+            instruments.handler.record(seconds, {"event_type": self.event_type})
 
 
 def trace_of(span: Span) -> context.TraceContext:

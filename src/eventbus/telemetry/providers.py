@@ -20,7 +20,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
@@ -31,7 +32,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.trace import SpanContext
 
 from eventbus.settings import Settings, SettingsError
 
@@ -89,16 +91,31 @@ def resource(settings: Settings) -> Resource:
     return Resource.create({"service.name": settings.service})
 
 
-def sampler(ratio: float) -> Sampler:
+class CascadeSampler(ParentBased):
     """Keep ``ratio`` of traces, decided on the trace id.
 
     A local parent decides for its children; a remote parent (a push
     request's header, a parent message's ``traceparent``) that was not
     sampled does not stop us: the same trace id gives the same decision in
     every message of a cascade, so a cascade is kept or dropped whole.
+    ``keeps`` is the same rule as a plain function, for the lean tracer.
     """
-    by_trace_id = TraceIdRatioBased(ratio)
-    return ParentBased(root=by_trace_id, remote_parent_not_sampled=by_trace_id)
+
+    def __init__(self, ratio: float) -> None:
+        by_trace_id = ALWAYS_ON if ratio >= 1 else TraceIdRatioBased(ratio)
+        super().__init__(root=by_trace_id, remote_parent_not_sampled=by_trace_id)
+        self.bound = TraceIdRatioBased.get_bound_for_rate(min(ratio, 1.0))
+
+    def keeps(self, parent: SpanContext, trace_id: int) -> bool:
+        """True when a span under ``parent`` (invalid: a root) of ``trace_id`` is sampled."""
+        if parent.is_valid and (parent.trace_flags.sampled or not parent.is_remote):
+            return parent.trace_flags.sampled
+        return (trace_id & TraceIdRatioBased.TRACE_ID_LIMIT) < self.bound
+
+
+def sampler(ratio: float) -> Sampler:
+    """The service's sampler (``CascadeSampler``)."""
+    return CascadeSampler(ratio)
 
 
 def tracer_provider(settings: Settings) -> TracerProvider | None:
@@ -133,7 +150,9 @@ def meter_provider(settings: Settings) -> tuple[MeterProvider | None, Any]:
             export_interval_millis=settings.metrics_interval_seconds * 1000)
     else:
         raise SettingsError(f"unknown metrics exporter {name!r}")
-    return MeterProvider(metric_readers=[reader], resource=resource(settings)), registry
+    # No exemplars: offering one per measurement costs more than the measurement itself.
+    return MeterProvider(metric_readers=[reader], resource=resource(settings),
+                         exemplar_filter=AlwaysOffExemplarFilter()), registry
 
 
 def _metric_exporter(name: str) -> MetricExporter:
@@ -144,14 +163,20 @@ def _metric_exporter(name: str) -> MetricExporter:
     return OTLPMetricExporter()
 
 
-def instrument_libraries(provider: TracerProvider) -> list[Any]:
-    """Install the pymongo and requests instrumentations with ``provider``, once per process.
+def instrument_libraries(provider: trace.TracerProvider,
+                         libraries: Sequence[str] = ("pymongo", "requests")) -> list[Any]:
+    """Install the instrumentations of ``libraries`` with ``provider``, once per process.
 
     Returns the instrumentors this call installed (for ``shutdown``); an
     instrumentation that is already on, or not installed, is skipped.
     """
+    unknown = set(libraries) - {"pymongo", "requests", "none"}
+    if unknown:
+        raise SettingsError(f"EVENTBUS_TRACE_LIBRARIES: cannot instrument {sorted(unknown)}")
     installed = []
     for name, load in (("pymongo", _pymongo), ("requests", _requests)):
+        if name not in libraries:
+            continue
         try:
             instrumentor = load()
         except ImportError:
