@@ -75,7 +75,7 @@ from eventbus.telemetry.core import (
     Telemetry,
     message_trace,
 )
-from eventbus.telemetry.spans import LeanTracerProvider
+from eventbus.telemetry.spans import LeanSpan, LeanTracerProvider
 
 if TYPE_CHECKING:
     from eventbus.store.base import Claim
@@ -83,6 +83,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("eventbus.telemetry")
 
 UNROUTED = "(unrouted)"
+PYMONGO = "opentelemetry.instrumentation.pymongo"
+"""The pymongo instrumentation's scope: its spans for the claim and finish round trips
+are folded into the service's ``claim`` and ``finish`` spans (``LeanSpan.folds``)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 300.0)
 END_TO_END_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -244,7 +247,7 @@ class OtelTelemetry(Telemetry):
         message = _MESSAGE.get()
         if message is not None:
             message.event_type = text(event_type, 128)
-        return self.span("claim")
+        return _NOTHING if self.tracer is None else _Step(self.tracer, "claim", folds=PYMONGO)
 
     def claimed(self, claim: Claim) -> None:
         """Note a replay audit on the record the claim took."""
@@ -258,7 +261,9 @@ class OtelTelemetry(Telemetry):
 
     def span(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """A child span of the message (``finish``, ``relay``), current for its block."""
-        return _NOTHING if self.tracer is None else _Step(self.tracer, name)
+        if self.tracer is None:
+            return _NOTHING
+        return _Step(self.tracer, name, folds=PYMONGO if name == "finish" else "")
 
     def stamp(self, outbox: Sequence[Document]) -> list[Document]:
         """Stamp each entry with the handler span's context (where the children were emitted)."""
@@ -381,15 +386,19 @@ class _Processing:
 class _Step:
     """One child span of the message, current for its block (pymongo and requests spans nest)."""
 
-    __slots__ = ("errors", "name", "span", "token", "tracer")
+    __slots__ = ("errors", "folds", "name", "span", "token", "tracer")
 
-    def __init__(self, tracer: Tracer, name: str, errors: bool = False) -> None:
-        self.tracer, self.name, self.errors = tracer, name, errors
+    def __init__(self, tracer: Tracer, name: str, errors: bool = False,
+                 folds: str = "") -> None:
+        self.tracer, self.name, self.errors, self.folds = tracer, name, errors, folds
         self.span: Span | None = None
         self.token: object = None
 
     def __enter__(self) -> Span:
         self.span = span = self.tracer.start_span(self.name)
+        if self.folds and isinstance(span, LeanSpan):
+            span.folds = self.folds  # the store's round trip: this span is the database's
+            span.set_attribute("db.system.name", "mongodb")
         self.token = otel_context.attach(trace.set_span_in_context(span))
         return span
 
