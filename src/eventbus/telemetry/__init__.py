@@ -7,7 +7,8 @@
 * ``otel``: ``OtelTelemetry``, spans and metrics through OpenTelemetry;
 * ``providers``: providers and exporters from ``Settings``;
 * ``spans``: a lean ``Tracer`` (the API's) feeding the SDK's span processors;
-* ``http``: a ``requests`` session that writes one outbound line per call.
+* ``http``: a ``requests`` session that writes one outbound line per call;
+* ``names``: the metric and span attribute names it exports.
 
 May import: ``eventbus.model``, ``eventbus.settings`` (and ``eventbus.store.base``
 for types only). OpenTelemetry is imported only by ``otel``, ``spans`` and

@@ -65,7 +65,7 @@ from opentelemetry.trace import (
 
 from eventbus.model.delivery import Delivery
 from eventbus.settings import Settings
-from eventbus.telemetry import context
+from eventbus.telemetry import context, names
 from eventbus.telemetry.core import (
     Clock,
     Document,
@@ -118,17 +118,17 @@ class Instruments:
         self._counts: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         meter.create_observable_counter(
-            "eventbus.events", callbacks=[self._observe_events], unit="{delivery}",
+            names.EVENTS, callbacks=[self._observe_events], unit="{delivery}",
             description="Deliveries by event type and outcome")
         self.handler = meter.create_histogram(
-            "eventbus.handler.duration", unit="s", description="Handler run time",
+            names.HANDLER_DURATION, unit="s", description="Handler run time",
             explicit_bucket_boundaries_advisory=LATENCY_BUCKETS)
         self.end_to_end = meter.create_histogram(
-            "eventbus.event.end_to_end", unit="s",
+            names.END_TO_END, unit="s",
             description="publishTime to the final outcome (processed, replayed, rejected)",
             explicit_bucket_boundaries_advisory=END_TO_END_BUCKETS)
         self.attempts = meter.create_histogram(
-            "eventbus.event.attempts", unit="{attempt}",
+            names.ATTEMPTS, unit="{attempt}",
             description="Attempts an event took to its final outcome",
             explicit_bucket_boundaries_advisory=ATTEMPT_BUCKETS)
 
@@ -170,9 +170,9 @@ class _Message(Observation):
     def _annotate(self, span: Span, result: Finished, outcome: str) -> None:
         if self.event_type:
             span.update_name(f"message {self.event_type}")
-        span.set_attributes({"eventbus.event_type": self.event_type or UNROUTED,
-                             "eventbus.idempotency_key": text(result.key),
-                             "eventbus.attempt": result.attempt, "eventbus.outcome": outcome})
+        span.set_attributes({names.EVENT_TYPE: self.event_type or UNROUTED,
+                             names.IDEMPOTENCY_KEY: text(result.key),
+                             names.ATTEMPT: result.attempt, names.OUTCOME: outcome})
         if outcome in _FAILED:
             span.set_status(Status(StatusCode.ERROR, outcome))
 
@@ -288,8 +288,8 @@ class OtelTelemetry(Telemetry):
         span = self.tracer.start_span(
             "publish", context=parent, kind=SpanKind.PRODUCER,
             attributes={"messaging.system": "gcp_pubsub", "messaging.operation.type": "send",
-                        "eventbus.event_type": text(entry.get("event_type", ""), 128),
-                        "eventbus.idempotency_key": text(entry.get("idempotency_key", ""))})
+                        names.EVENT_TYPE: text(entry.get("event_type", ""), 128),
+                        names.IDEMPOTENCY_KEY: text(entry.get("idempotency_key", ""))})
         own = trace_of(span)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
@@ -309,7 +309,7 @@ class OtelTelemetry(Telemetry):
             return
         if not self._stores:
             self.meter.create_observable_gauge(
-                "eventbus.outbox.oldest_pending_age", callbacks=[self._outbox_age], unit="s",
+                names.OUTBOX_AGE, callbacks=[self._outbox_age], unit="s",
                 description="Age of the oldest PENDING outbox entry (0 when none)")
         self._stores.append(store)
 
