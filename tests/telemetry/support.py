@@ -11,11 +11,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from eventbus.telemetry.metrics import InMemoryReader, LocalMetrics
 from eventbus.telemetry.otel import OtelTelemetry
 from eventbus.telemetry.providers import sampler
 from eventbus.testing import FakeClock
@@ -28,7 +28,7 @@ class Recorded:
 
     telemetry: OtelTelemetry
     spans: InMemorySpanExporter
-    reader: InMemoryMetricReader
+    reader: InMemoryReader
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.spans.get_finished_spans())
@@ -59,14 +59,15 @@ class Recorded:
 
 def recorded(clock: FakeClock | None = None, *, tracing: bool = True,
              metering: bool = True) -> Recorded:
-    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    local = LocalMetrics()
+    spans, reader = InMemorySpanExporter(), InMemoryReader(local)
     tracer_provider = None
     if tracing:
         tracer_provider = TracerProvider(sampler=sampler(1.0))
         tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     meter_provider = MeterProvider(metric_readers=[reader]) if metering else None
     telemetry = OtelTelemetry(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                              now=clock)
+                              now=clock, local=local)
     return Recorded(telemetry, spans, reader)
 
 

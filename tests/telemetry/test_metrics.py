@@ -157,3 +157,35 @@ def test_the_prometheus_page_shows_the_counters() -> None:
 def test_without_prometheus_there_is_no_metrics_page() -> None:
     app = create_app(Router(), Settings(relay_inline=False), store=MemoryEventStore())
     assert app.test_client().get("/metrics").status_code == 404
+
+
+def test_local_histograms_match_the_sdks_own() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from eventbus.telemetry.metrics import InMemoryReader, LocalMetrics
+
+    bounds = (0.01, 0.1, 1.0)
+    values = [0.0, 0.01, 0.05, 0.1, 0.5, 1.0, 7.0, 0.1]
+    sdk_reader = InMemoryMetricReader()
+    sdk = MeterProvider(metric_readers=[sdk_reader]).get_meter("t").create_histogram(
+        "h", explicit_bucket_boundaries_advisory=bounds)
+    local = LocalMetrics()
+    mine = local.histogram("h", "s", "", bounds)
+    for value in values:
+        sdk.record(value, {"k": "v"})
+        mine.record(value, (("k", "v"),))
+    data = sdk_reader.get_metrics_data()
+    assert data is not None
+    (expected,) = data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    reader = InMemoryReader(local)
+    counter = MeterProvider(metric_readers=[reader]).get_meter("eventbus").create_counter("c")
+    counter.add(1)  # as the service's outcome counter, once one delivery is counted
+    merged = reader.get_metrics_data()
+    assert merged is not None
+    (scope,) = merged.resource_metrics[0].scope_metrics
+    (point,) = next(m for m in scope.metrics if m.name == "h").data.data_points
+    assert list(point.bucket_counts) == list(expected.bucket_counts)
+    assert (point.count, point.sum, point.min, point.max) == (
+        expected.count, expected.sum, expected.min, expected.max)
+    assert point.attributes == {"k": "v"} and tuple(point.explicit_bounds) == bounds

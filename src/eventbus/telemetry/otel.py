@@ -75,6 +75,7 @@ from eventbus.telemetry.core import (
     Telemetry,
     message_trace,
 )
+from eventbus.telemetry.metrics import LocalMetrics
 from eventbus.telemetry.spans import LeanSpan, LeanTracerProvider
 
 if TYPE_CHECKING:
@@ -109,28 +110,28 @@ def text(value: object, limit: int = _MAX_TEXT) -> str:
 class Instruments:
     """The service's metric instruments, on one meter.
 
-    The outcome counter is counted here, in a dict, and read by the SDK when
-    it collects (an observable counter): one SDK measurement costs about
-    sixty Python calls, and this count is taken for every delivery.
+    One SDK measurement costs about sixty Python calls, and these are taken
+    for every delivery: the outcome counter is counted here, in a dict, and
+    read by the SDK when it collects (an observable counter); the histograms
+    are aggregated here too (``eventbus.telemetry.metrics``) and added to
+    each collection by the service's readers.
     """
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, local: LocalMetrics) -> None:
         self._counts: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         meter.create_observable_counter(
             names.EVENTS, callbacks=[self._observe_events], unit="{delivery}",
             description="Deliveries by event type and outcome")
-        self.handler = meter.create_histogram(
-            names.HANDLER_DURATION, unit="s", description="Handler run time",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS)
-        self.end_to_end = meter.create_histogram(
-            names.END_TO_END, unit="s",
-            description="publishTime to the final outcome (processed, replayed, rejected)",
-            explicit_bucket_boundaries_advisory=END_TO_END_BUCKETS)
-        self.attempts = meter.create_histogram(
-            names.ATTEMPTS, unit="{attempt}",
-            description="Attempts an event took to its final outcome",
-            explicit_bucket_boundaries_advisory=ATTEMPT_BUCKETS)
+        self.handler = local.histogram(names.HANDLER_DURATION, "s", "Handler run time",
+                                       LATENCY_BUCKETS)
+        self.end_to_end = local.histogram(
+            names.END_TO_END, "s",
+            "publishTime to the final outcome (processed, replayed, rejected)",
+            END_TO_END_BUCKETS)
+        self.attempts = local.histogram(names.ATTEMPTS, "{attempt}",
+                                        "Attempts an event took to its final outcome",
+                                        ATTEMPT_BUCKETS)
 
     def count(self, event_type: str, outcome: str) -> None:
         """Count one delivery of ``event_type`` that ended in ``outcome``."""
@@ -177,16 +178,17 @@ class _Message(Observation):
             span.set_status(Status(StatusCode.ERROR, outcome))
 
     def _count(self, instruments: Instruments, result: Finished, outcome: str) -> None:
-        labels = {"event_type": self.event_type or UNROUTED, "outcome": outcome}
-        instruments.count(labels["event_type"], outcome)
+        event_type = self.event_type or UNROUTED
+        instruments.count(event_type, outcome)
         if outcome not in _FINAL:
             return
         if result.attempt > 0:
-            instruments.attempts.record(result.attempt, {"event_type": labels["event_type"]})
+            instruments.attempts.record(result.attempt, (("event_type", event_type),))
         published = publish_time(self.delivery.publish_time)
         if published is not None:
             seconds = (self.telemetry.now() - published).total_seconds()
-            instruments.end_to_end.record(max(seconds, 0.0), labels)
+            instruments.end_to_end.record(max(seconds, 0.0), (("event_type", event_type),
+                                                              ("outcome", outcome)))
 
 
 class OtelTelemetry(Telemetry):
@@ -194,14 +196,18 @@ class OtelTelemetry(Telemetry):
 
     def __init__(self, *, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None, now: Clock | None = None,
-                 registry: Any = None, instrumentors: Sequence[Any] = ()) -> None:
+                 registry: Any = None, instrumentors: Sequence[Any] = (),
+                 local: LocalMetrics | None = None) -> None:
         super().__init__(now=now)
         self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
         self.spans = LeanTracerProvider(tracer_provider) if tracer_provider else None
         """The tracers of the service and its instrumentations: lean spans (``spans``)."""
         self.tracer = self.spans.get_tracer("eventbus") if self.spans is not None else None
         self.meter = meter_provider.get_meter("eventbus") if meter_provider else None
-        self.instruments = Instruments(self.meter) if self.meter is not None else None
+        self.local = local or LocalMetrics()
+        """The histograms aggregated here; the meter provider's readers must merge them."""
+        self.instruments = (Instruments(self.meter, self.local) if self.meter is not None
+                            else None)
         self.tracing, self.metering = self.tracer is not None, self.meter is not None
         self.registry = registry
         self.instrumentors = list(instrumentors)
@@ -214,9 +220,10 @@ class OtelTelemetry(Telemetry):
         from eventbus.telemetry import providers
 
         tracer_provider = providers.tracer_provider(settings)
-        meter_provider, registry = providers.meter_provider(settings)
+        local = LocalMetrics(providers.resource(settings))
+        meter_provider, registry = providers.meter_provider(settings, local)
         built = cls(tracer_provider=tracer_provider, meter_provider=meter_provider, now=now,
-                    registry=registry)
+                    registry=registry, local=local)
         if instrument and built.spans is not None:
             built.instrumentors = providers.instrument_libraries(built.spans,
                                                                  settings.trace_libraries)
@@ -434,7 +441,7 @@ class _Handling:
             self.step.__exit__(kind, exc, tb)
         instruments = self.telemetry.instruments
         if instruments is not None:
-            instruments.handler.record(seconds, {"event_type": self.event_type})
+            instruments.handler.record(seconds, (("event_type", self.event_type),))
 
 
 def trace_of(span: Span) -> context.TraceContext:

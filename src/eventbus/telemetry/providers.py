@@ -27,7 +27,6 @@ from opentelemetry.sdk.metrics.export import (
     MetricExportResult,
     MetricReader,
     MetricsData,
-    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -36,6 +35,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, Tr
 from opentelemetry.trace import SpanContext
 
 from eventbus.settings import Settings, SettingsError
+from eventbus.telemetry.metrics import LocalMetrics, PeriodicReader, prometheus_reader
 
 logger = logging.getLogger("eventbus.telemetry")
 
@@ -131,23 +131,25 @@ def tracer_provider(settings: Settings) -> TracerProvider | None:
     return provider
 
 
-def meter_provider(settings: Settings) -> tuple[MeterProvider | None, Any]:
-    """Return a new meter provider and, for ``prometheus``, the registry to serve."""
+def meter_provider(settings: Settings,
+                   local: LocalMetrics) -> tuple[MeterProvider | None, Any]:
+    """Return a new meter provider and, for ``prometheus``, the registry to serve.
+
+    Its reader adds ``local``'s histograms to every collection.
+    """
     name = settings.metrics_exporter
     if name == "none":
         return None, None
     registry = None
     reader: MetricReader
     if name == "prometheus":
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry(auto_describe=True)
-        reader = PrometheusMetricReader(registry=registry)
+        reader = prometheus_reader(local, registry)
     elif name in ("otlp", "noop"):
-        reader = PeriodicExportingMetricReader(
-            _metric_exporter(name),
-            export_interval_millis=settings.metrics_interval_seconds * 1000)
+        reader = PeriodicReader(local, _metric_exporter(name),
+                                export_interval_millis=settings.metrics_interval_seconds * 1000)
     else:
         raise SettingsError(f"unknown metrics exporter {name!r}")
     # No exemplars: offering one per measurement costs more than the measurement itself.
