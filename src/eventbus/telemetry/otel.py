@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY  # OTel's switch for "covered"
 from opentelemetry.metrics import CallbackOptions, Meter
 from opentelemetry.metrics import Observation as Measurement
 from opentelemetry.sdk.metrics import MeterProvider
@@ -76,7 +77,7 @@ from eventbus.telemetry.core import (
     message_trace,
 )
 from eventbus.telemetry.metrics import LocalMetrics
-from eventbus.telemetry.spans import LeanSpan, LeanTracerProvider
+from eventbus.telemetry.spans import LeanTracerProvider
 
 if TYPE_CHECKING:
     from eventbus.store.base import Claim
@@ -84,9 +85,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("eventbus.telemetry")
 
 UNROUTED = "(unrouted)"
-PYMONGO = "opentelemetry.instrumentation.pymongo"
-"""The pymongo instrumentation's scope: its spans for the claim and finish round trips
-are folded into the service's ``claim`` and ``finish`` spans (``LeanSpan.folds``)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 300.0)
 END_TO_END_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -254,7 +252,7 @@ class OtelTelemetry(Telemetry):
         message = _MESSAGE.get()
         if message is not None:
             message.event_type = text(event_type, 128)
-        return _NOTHING if self.tracer is None else _Step(self.tracer, "claim", folds=PYMONGO)
+        return _NOTHING if self.tracer is None else _Step(self.tracer, "claim", store=True)
 
     def claimed(self, claim: Claim) -> None:
         """Note a replay audit on the record the claim took."""
@@ -270,7 +268,7 @@ class OtelTelemetry(Telemetry):
         """A child span of the message (``finish``, ``relay``), current for its block."""
         if self.tracer is None:
             return _NOTHING
-        return _Step(self.tracer, name, folds=PYMONGO if name == "finish" else "")
+        return _Step(self.tracer, name, store=name == "finish")
 
     def stamp(self, outbox: Sequence[Document]) -> list[Document]:
         """Stamp each entry with the handler span's context (where the children were emitted)."""
@@ -393,20 +391,24 @@ class _Processing:
 class _Step:
     """One child span of the message, current for its block (pymongo and requests spans nest)."""
 
-    __slots__ = ("errors", "folds", "name", "span", "token", "tracer")
+    __slots__ = ("errors", "name", "span", "store", "token", "tracer")
 
     def __init__(self, tracer: Tracer, name: str, errors: bool = False,
-                 folds: str = "") -> None:
-        self.tracer, self.name, self.errors, self.folds = tracer, name, errors, folds
+                 store: bool = False) -> None:
+        self.tracer, self.name, self.errors, self.store = tracer, name, errors, store
         self.span: Span | None = None
         self.token: object = None
 
     def __enter__(self) -> Span:
         self.span = span = self.tracer.start_span(self.name)
-        if self.folds and isinstance(span, LeanSpan):
-            span.folds = self.folds  # the store's round trip: this span is the database's
+        if self.store:
+            # The step is the store's one MongoDB round trip: it stands for it, and the
+            # instrumentations are suppressed inside (pymongo's span would repeat it).
             span.set_attribute("db.system.name", "mongodb")
-        self.token = otel_context.attach(trace.set_span_in_context(span))
+            current = otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True)
+            self.token = otel_context.attach(trace.set_span_in_context(span, current))
+        else:
+            self.token = otel_context.attach(trace.set_span_in_context(span))
         return span
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:

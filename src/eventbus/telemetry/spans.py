@@ -78,10 +78,7 @@ class LeanTracer(trace.Tracer):
                    set_status_on_exception: bool = True) -> trace.Span:
         """Start a span under ``context`` (default: the current one); it is not made current."""
         provider = self.provider
-        current = trace.get_current_span(context)
-        if getattr(current, "folds", None) == self.scope.name:
-            return trace.NonRecordingSpan(current.get_span_context())  # see LeanSpan.folds
-        parent = current.get_span_context()
+        parent = trace.get_current_span(context).get_span_context()
         trace_id = parent.trace_id if parent.is_valid else provider.ids.generate_trace_id()
         span_id = provider.ids.generate_span_id()
         keeps = provider.keeps
@@ -125,7 +122,7 @@ class LeanSpan(trace.Span):
     """A recording span: ids, times, attributes, events, status; a ``ReadableSpan`` at its end."""
 
     __slots__ = ("_attributes", "_context", "_end", "_events", "_kind", "_links", "_name",
-                 "_parent", "_start", "_status", "_tracer", "folds")
+                 "_parent", "_start", "_status", "_tracer")
 
     def __init__(self, tracer: LeanTracer, name: str, context: SpanContext,
                  parent: SpanContext | None, kind: SpanKind, attributes: types.Attributes,
@@ -136,10 +133,6 @@ class LeanSpan(trace.Span):
         self._events: list[Event] = []
         self._links = tuple(links or ())
         self._status = _UNSET
-        self.folds = ""
-        """An instrumentation scope whose spans this span stands for: started while this
-        span is current, they are not recorded (the store's claim and finish are each
-        one MongoDB round trip, which the pymongo instrumentation would repeat)."""
         if attributes:
             self.set_attributes(attributes)
 
