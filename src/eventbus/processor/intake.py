@@ -64,12 +64,15 @@ class Intake:
 
     def locate(self, delivery: Delivery) -> Located:
         """Return where ``delivery`` belongs; never raises for anything a message holds."""
+        parsed: Event | None = None
         try:
             event, payload = _event(delivery)
+            parsed = event
             key, root = self._key(event, delivery, payload)
         except InvalidEvent as exc:
-            # Nothing it holds is trusted: not the key it asked for, nor its links.
-            return _refused(delivery, _parsed(delivery), exc)
+            # Nothing it holds is trusted: not the key it asked for, nor its links
+            # (the event itself is kept when it parsed: parsed once, not again).
+            return _refused(delivery, parsed, exc)
         try:
             route = self._route(event, key, root)
         except InternalOnly as exc:
@@ -141,14 +144,6 @@ def _canonical(value: object) -> str | None:
     try:
         return canonical_json(value)
     except (RecursionError, ValueError):
-        return None
-
-
-def _parsed(delivery: Delivery) -> Event | None:
-    """The event a refused message holds, when it parses and its content can be kept."""
-    try:
-        return _event(delivery)[0]
-    except InvalidEvent:
         return None
 
 

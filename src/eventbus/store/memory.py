@@ -135,11 +135,18 @@ class MemoryEventStore(MemoryOperatorMixin):
             record.pop("redrive_at", None)
         return True
 
+    def _held(self, key: str, owner: str) -> Record | None:
+        """The record of ``key`` while ``owner`` holds its lease (``documents.owner_filter``)."""
+        record = self._events.get(key)
+        if (record is None or record.get("lease_owner") != owner
+                or record.get("event_status") != documents.PROCESSING):
+            return None
+        return record
+
     def _finish(self, key: str, owner: str, fields: Mapping[str, Any]) -> bool:
         with self._lock:
-            record = self._events.get(key)
-            if (record is None or record.get("lease_owner") != owner
-                    or record.get("event_status") != documents.PROCESSING):
+            record = self._held(key, owner)
+            if record is None:
                 return False
             record.update(_bson(fields))
             record.pop("lease_until", None)
@@ -149,9 +156,8 @@ class MemoryEventStore(MemoryOperatorMixin):
     def renew(self, key: str, owner: str, now: datetime) -> bool:
         """Extend ``owner``'s lease on ``key`` to ``now + lease``; False when it is not held."""
         with self._lock:
-            record = self._events.get(key)
-            if (record is None or record.get("lease_owner") != owner
-                    or record.get("event_status") != documents.PROCESSING):
+            record = self._held(key, owner)
+            if record is None:
                 return False
             record["lease_until"] = documents.bson_time(documents.bson_time(now) + self._lease)
         return True
