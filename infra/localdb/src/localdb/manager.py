@@ -10,7 +10,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from localdb import chroot, documentdb, mongod, postgres, provision, state
+import psycopg
+
+from localdb import chroot, documentdb, mongod, postgres, provision, state, stats
 from localdb.config import Backend, Config, choose_backend
 from localdb.errors import LocalDBError
 from localdb.hooks import Note, Record
@@ -233,7 +235,19 @@ def _path_lines(config: Config, report: Status, error: str | None) -> list[str]:
         lines.insert(1, f"postgres query: {pg_error(config.pg_dsn) or 'ok'}")
         done = "provisioned" if provision.is_provisioned(config.chroot) else "not provisioned"
         lines.append(f"chroot: {config.chroot} ({done})")
+        lines += _statistics_lines(config) if error is None else []
     return lines
+
+
+def _statistics_lines(config: Config) -> list[str]:
+    """Planner statistics of the largest collections (``localdb.stats``), one line each."""
+    try:
+        found = stats.largest(config.pg_dsn)
+    except psycopg.Error as exc:
+        return [f"statistics: unreadable ({type(exc).__name__}: {str(exc).strip()[:200]})"]
+    if not found:
+        return ["statistics: no collections yet"]
+    return [f"statistics: {entry.describe()}" for entry in found]
 
 
 def redact(uri: str) -> str:

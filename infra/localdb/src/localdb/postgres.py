@@ -32,6 +32,15 @@ STOP_TIMEOUT = 30.0
 # Each gateway client connection holds a PostgreSQL backend; the default 100 runs out
 # when a test session, a bench and a stray gateway share the server.
 MAX_CONNECTIONS = 300
+# Autovacuum looks for work every naptime (default 1 min). A collection that
+# grows by thousands of documents a minute then has no planner statistics for
+# its first minute and lags behind afterwards; without them the engine ANDs
+# every equality's index (walking the `event_status` index for an owner-checked
+# finish) and a claim's cost doubles and keeps growing with the data
+# (infra/localdb/bench/growth.py). Every 2 s keeps statistics current from the
+# first thousand documents on; one launcher wake-up on a few tables is cheap,
+# and each ANALYZE samples at most 30,000 rows (a few ms to ~100 ms).
+AUTOVACUUM_NAPTIME = "2s"
 
 
 def running_postmaster(root: Path) -> tuple[Proc, int] | None:
@@ -90,7 +99,8 @@ def log_of(pid: int, config: Config) -> str:
 def _command(config: Config) -> list[str]:
     """postgres in the foreground (so stderr goes to our log) as the chroot's postgres user."""
     argv = [f"{PG_BIN}/postgres", "-D", PGDATA, "-p", str(config.pg_port),
-            "-c", "listen_addresses=127.0.0.1", "-c", f"max_connections={MAX_CONNECTIONS}"]
+            "-c", "listen_addresses=127.0.0.1", "-c", f"max_connections={MAX_CONNECTIONS}",
+            "-c", f"autovacuum_naptime={AUTOVACUUM_NAPTIME}"]
     return chroot.command(config.chroot, argv, user="postgres")
 
 
