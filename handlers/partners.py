@@ -10,6 +10,9 @@ The partner's answer is classified and recorded on the guard record:
 * 2xx → the key is set for good (SUCCESS with ``status_code``);
 * 408, 429, 5xx, other non-4xx answers, network errors and timeouts →
   ``PartnerUnavailable`` (transient): the event is retried;
+  ``timeout`` is the whole call's deadline (connect, send and every read of
+  the answer, ``eventbus.deadline``), so a partner that trickles its answer
+  cannot hold the request thread, or the event's lease, past it;
 * any other 4xx → ``PartnerRejected`` (permanent): stored FAILED for good.
 
 **The ``Idempotency-Key`` header** (``idempotency_header``) is the event key
@@ -32,6 +35,7 @@ guard record FAILED and releases its lease.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping
@@ -40,7 +44,7 @@ from urllib.parse import quote
 
 import requests
 
-from eventbus import PermanentError, TransientError
+from eventbus import PermanentError, TransientError, deadline
 from eventbus.guard import Guard
 
 RETRYABLE_4XX = frozenset({408, 429})
@@ -111,6 +115,7 @@ class PartnerClient:
 
     def __init__(self, guard: Guard, *, timeout: float,
                  session: requests.Session | None = None) -> None:
+        """``timeout``: the call's total deadline; ``session``: from ``deadline.session()``."""
         self.guard, self.timeout, self.session = guard, timeout, session
 
     def deliver(self, key: str, url: str | Callable[[], str],
@@ -132,9 +137,10 @@ class PartnerClient:
     def _call(self, key: str, url: str, body: Mapping[str, Any]) -> int:
         headers = {"Idempotency-Key": idempotency_header(key)}
         try:
-            post = self.session.post if self.session is not None else requests.post
-            response = post(url, json=dict(body), timeout=self.timeout,
-                            headers=headers, allow_redirects=False)
+            with contextlib.ExitStack() as stack:
+                http = self.session or stack.enter_context(deadline.session())
+                response = deadline.request(http, "POST", url, total=self.timeout, json=dict(body),
+                                            headers=headers, allow_redirects=False)
         except _UNSENDABLE as exc:
             raise PartnerRejected(f"partner call to {url} cannot be sent: "
                                   f"{type(exc).__name__}: {exc}") from exc

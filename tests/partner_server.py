@@ -3,7 +3,9 @@
 ``PartnerServer(script, then=200)`` answers each POST with the next action of
 ``script``, then ``then`` forever. An action is a status code, or
 ``Slow(seconds, status)``: sleep first, so a client with a shorter timeout
-gives up. Every request is recorded with its headers and JSON body.
+gives up; ``Trickle(every)``: send the body (with ``headers_too`` the headers
+as well) one byte every ``every`` seconds, which no read timeout trips.
+Every request is recorded with its headers and JSON body.
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ class Slow:
     status: int = 200
 
 
-Action = int | Slow
+@dataclasses.dataclass(frozen=True)
+class Trickle:
+    """Answer ``status`` one byte every ``every`` seconds: the body, or the headers too."""
+
+    every: float = 1.0
+    status: int = 200
+    headers_too: bool = False
+    length: int = 60
+
+
+Action = int | Slow | Trickle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +113,12 @@ class PartnerServer:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 action = partner._next()
-                status = action.status if isinstance(action, Slow) else action
+                status = action if isinstance(action, int) else action.status
                 partner._record(Call(self.path, dict(self.headers.items()),
                                      json.loads(body or b"null"), status))
+                if isinstance(action, Trickle):
+                    self._trickle(action)
+                    return
                 if isinstance(action, Slow):
                     time.sleep(action.seconds)
                 try:
@@ -112,6 +127,22 @@ class PartnerServer:
                     self.end_headers()
                 except OSError:
                     pass  # the client gave up first: that was the point
+
+            do_GET = do_POST  # noqa: N815 (http.server's name) a certificate endpoint trickles too
+
+            def _trickle(self, action: Trickle) -> None:
+                head = (f"HTTP/1.1 {action.status} OK\r\nContent-Length: {action.length}\r\n"
+                        "\r\n").encode()
+                if not action.headers_too:
+                    self.wfile.write(head)
+                    head = b""
+                try:
+                    for byte in head + b"x" * action.length:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(action.every)
+                except OSError:
+                    pass  # the client gave up: that was the point
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -29,6 +29,7 @@ The layers, each a package that says what it may import:
 * ``eventbus.processor`` the state machine: prepare once, claim, run, finish;
 * ``eventbus.outbox``    children: the relay and its sweeper;
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
+* ``eventbus.deadline``  outbound HTTP calls that end within a total deadline;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
 * ``eventbus.ops``       the ``eventbus`` console script and the cascade view;

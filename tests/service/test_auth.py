@@ -24,12 +24,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventbus import create_app, push_target
+from eventbus.deadline import DeadlineExceeded
 from eventbus.model.errors import Forbidden, Unauthenticated
 from eventbus.model.router import Router
 from eventbus.pubsub.auth import Authenticator, CertificateCache, fetch_certs
 from eventbus.settings import Settings, SettingsError
 from eventbus.store.memory import MemoryEventStore
 from handlers.settings import AppSettings
+from tests.partner_server import PartnerServer, Trickle
 from tests.service.conftest import Make, event
 
 AUDIENCE = "https://eventbus.example.run.app/"
@@ -388,3 +390,12 @@ def test_the_functions_target_refuses_unauthenticated_pushes(
             response = target(flask.request)
         assert response.status_code == status, response.get_json()
     assert len(h.store.summaries()) == 1
+
+
+def test_a_trickling_certificate_endpoint_ends_within_the_total_deadline() -> None:
+    with PartnerServer([Trickle(every=0.5)]) as slow:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="within 1 s"):
+            fetch_certs(slow.url + "/certs", timeout=1.0)
+        took = time.monotonic() - started
+    assert took < 1.0 + 0.5, f"the fetch took {took:.1f} s"

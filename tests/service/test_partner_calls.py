@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from eventbus.model.errors import LeaseHeld, TransientError
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from handlers.partners import PartnerClient, PartnerRejected, PartnerUnavailable, classify_status
-from tests.partner_server import PartnerServer, Slow
+from tests.partner_server import PartnerServer, Slow, Trickle
 
 KEY = "order-1:OR_MGMT:abc/0:PARTNER_NOTIFY"
 BODY = {"kind": "order-status", "payload": {"orderId": 1}}
@@ -99,9 +100,27 @@ def test_a_refused_connection_is_transient_and_releases_the_lease(
 
 def test_a_timeout_is_transient(store: MemoryEventStore, clock: FakeClock) -> None:
     with PartnerServer([Slow(1.0)]) as partner, \
-            pytest.raises(PartnerUnavailable, match="Timeout"):
+            pytest.raises(PartnerUnavailable, match=r"Timeout|DeadlineExceeded"):
         client(store, clock, timeout=0.2).deliver(KEY, partner.url, BODY)
     assert record(store)["error"]["classification"] == "transient"
+
+
+@pytest.mark.parametrize("headers_too", [False, True], ids=["body", "headers"])
+def test_a_trickling_partner_ends_within_the_total_deadline_and_is_retried(
+        store: MemoryEventStore, clock: FakeClock, headers_too: bool) -> None:
+    # One byte a second never trips a per-read timeout: only a deadline on the
+    # whole call ends it (it took 18 s with a 3 s timeout before).
+    with PartnerServer([Trickle(every=0.5, headers_too=headers_too)], then=200) as partner:
+        started = time.monotonic()
+        with pytest.raises(PartnerUnavailable, match=r"within 1\.5 s"):
+            client(store, clock, timeout=1.5).deliver(KEY, partner.url, BODY)
+        took = time.monotonic() - started
+        failed = record(store)
+        retried = client(store, clock, timeout=1.5).deliver(KEY, partner.url, BODY)
+    assert took < 1.5 + 0.5, f"the call took {took:.1f} s"
+    assert failed["status"] == "FAILED" and failed["error"]["classification"] == "transient"
+    assert (retried.status_code, retried.skipped) == (200, False)
+    assert [c.status for c in partner.calls] == [200, 200] and record(store)["attempts"] == 2
 
 
 def test_a_503_is_retried_and_the_retry_delivers_once(

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import requests
 from google.auth import exceptions as google_exceptions
 from google.auth import jwt
 
+from eventbus import deadline
 from eventbus.model.errors import Forbidden, Unauthenticated
 from eventbus.settings import SettingsError
 
@@ -50,8 +50,9 @@ logger = logging.getLogger("eventbus")
 
 
 def fetch_certs(url: str = GOOGLE_CERTS_URL, timeout: float = 5.0) -> Mapping[str, str]:
-    """Return the ``kid`` → PEM certificate map published at ``url``."""
-    response = requests.get(url, timeout=timeout)
+    """Return the ``kid`` → PEM certificate map published at ``url``, within ``timeout`` in all."""
+    with deadline.session() as http:
+        response = deadline.request(http, "GET", url, total=timeout)
     response.raise_for_status()
     certs: Mapping[str, str] = response.json()
     return certs
