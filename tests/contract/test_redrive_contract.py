@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
@@ -14,6 +17,7 @@ from eventbus.ops.redrive import Redriver
 from eventbus.processor import Processor
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
+from eventbus.store.operations import EventQuery
 from eventbus.testing import CapturingPublisher, FakeClock
 from tests.contract.conftest import ERROR, FIELDS, new_key
 
@@ -140,3 +144,73 @@ def test_the_redrive_cap_gives_an_event_up_for_good(store: EventStore) -> None:
     record = store.get(key)
     assert record is not None and record["retryable"] is False
     assert record["error"]["classification"] == "redrive_cap"
+
+
+def keys_of(run: Processor, publisher: CapturingPublisher) -> list[str]:
+    """The record keys the published messages would be stored under."""
+    return [str(run.locate(Delivery(m.data, m.attributes, message_id="x")).key)
+            for m in publisher.take()]
+
+
+def retryable_failure(run: Processor) -> str:
+    """A key whose event failed retryably through the processor (so a sweeper can rebuild it)."""
+    result = run.process(event_message(uuid.uuid4().hex))
+    assert result.outcome is Outcome.RETRY
+    return result.key
+
+
+def test_stale_processing_records_past_the_cap_end_failed_and_never_starve_others(
+        store: EventStore, caplog: pytest.LogCaptureFixture) -> None:
+    # Five records left PROCESSING by dead workers, whose redriven copies never
+    # arrive, and more of them than one pass may act on (limit 3).
+    run, redriver, publisher, clock = setup(store, failures=6, redrive_max=1)
+    stale = [retryable_failure(run) for _ in range(5)]
+    for key in stale:  # taken again by a worker that then dies
+        record = store.get(key) or {}
+        store.claim(key, {"pubsub": record["pubsub"],
+                          "payload_fingerprint": record["payload_fingerprint"]}, clock())
+    clock.advance(10_000)
+    assert redriver.sweep(limit=10).republished == 5  # redrive 1 of 1: the copies get lost
+    publisher.take()
+    waiting = retryable_failure(run)  # due after the five are due again
+    clock.advance(100_000)
+    caplog.set_level(logging.INFO, "eventbus.redrive")
+    first, second = redriver.sweep(limit=3), redriver.sweep(limit=3)
+    assert "redrive pass: republished 0, abandoned 3, failed 0, skipped 0" in caplog.text
+    assert (first.abandoned, first.republished) == (3, 0)
+    assert (second.abandoned, second.republished) == (2, 1)
+    assert keys_of(run, publisher) == [waiting]
+    for key in stale:
+        record = store.get(key) or {}
+        assert (record["event_status"], record["retryable"]) == ("FAILED", False)
+        assert record["error"]["classification"] == "redrive_cap"
+        assert "left PROCESSING" in record["error"]["message"]
+        assert not {"lease_owner", "lease_until", "redrive_at"} & record.keys()
+    listed = {r["idempotency_key"] for r in store.find_events(EventQuery(statuses=("FAILED",)),
+                                                              limit=100)}  # eventbus failed
+    assert set(stale) <= listed
+    assert redriver.sweep(limit=3).abandoned == 0  # nothing stays due
+
+
+def test_a_live_processing_record_is_never_given_up(store: EventStore, now: datetime) -> None:
+    key = new_key()
+    store.claim(key, FIELDS, now)
+    error = {"type": "RedriveGivenUp", "message": "cap", "classification": "redrive_cap"}
+    assert store.abandon(key, now + store.lease, error) is False  # expired, not stale yet
+    assert (store.get(key) or {})["event_status"] == "PROCESSING"
+    assert store.abandon(key, now + 2 * store.lease + timedelta(seconds=1), error) is True
+
+
+def test_records_a_pass_cannot_act_on_do_not_starve_the_others(store: EventStore) -> None:
+    run, _, publisher, clock = setup(store, failures=1)
+    broken = [new_key() for _ in range(4)]
+    for key in broken:  # records of a type this sweeper's router does not know
+        store.claim(key, FIELDS, clock())
+    clock.advance(10_000)
+    ok = retryable_failure(run)
+    clock.advance(100_000)
+    redriver = Redriver(store, publisher, Settings(redrive_after_seconds=60), now=clock,
+                        locate=run.locate)
+    report = redriver.sweep(limit=2)
+    assert (report.failed, report.republished) == (4, 1)
+    assert keys_of(run, publisher) == [ok]

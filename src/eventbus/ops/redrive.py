@@ -23,6 +23,7 @@ from typing import Any
 
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import PublishError
+from eventbus.model.status import Status
 from eventbus.ops.replay import NotReplayable, build
 from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
@@ -50,6 +51,14 @@ class RedriveReport:
                 f"failed {self.failed}, skipped {self.skipped}")
 
 
+def _why(record: Mapping[str, Any], redrives: int) -> str:
+    """The error a record given up after the redrive cap carries, saying what it was waiting for."""
+    if record.get("event_status") == Status.PROCESSING:
+        return (f"given up after {redrives} redrives: left PROCESSING by a worker that never "
+                "finished, and no redriven copy was processed")
+    return f"given up after {redrives} redrives"
+
+
 class Redriver:
     """Publishes again the records the broker left behind; one ``sweep()`` is one pass."""
 
@@ -59,17 +68,29 @@ class Redriver:
         self.now, self.locate = now, locate
 
     def sweep(self, limit: int = 500) -> RedriveReport:
-        """Redrive every record that is due, at most ``limit``."""
+        """Redrive or give up every record that is due, at most ``limit`` of them.
+
+        Records this pass could not act on (not published, or changed by
+        someone else) stay due; the pass reads past them, page by page, so
+        however many there are they never starve the others.
+        """
         now = self.now()
-        report = RedriveReport()
-        for record in self.store.redrivable(now, now - self.store.lease, limit):
-            self._redrive(record, now, report)
+        report, seen = RedriveReport(), set[str]()
+        while report.republished + report.abandoned < limit:
+            page = self.store.redrivable(now, now - self.store.lease,
+                                         limit - report.republished - report.abandoned, seen)
+            if not page:
+                break
+            for record in page:
+                seen.add(str(record["idempotency_key"]))
+                self._redrive(record, now, report)
+        logger.info("redrive pass: %s", report)
         return report
 
     def _redrive(self, record: Mapping[str, Any], now: datetime, report: RedriveReport) -> None:
         key, redrives = str(record["idempotency_key"]), int(record.get("redrives") or 0)
         if redrives >= self.settings.redrive_max:
-            self._abandon(key, now, "redrive_cap", f"given up after {redrives} redrives", report)
+            self._abandon(key, now, "redrive_cap", _why(record, redrives), report)
             return
         try:
             message = build(record, self.locate)

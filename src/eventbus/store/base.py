@@ -101,8 +101,10 @@ class EventStore(Protocol):
         ...
 
     # -- store-driven redrive -----------------------------------------------------------
-    def redrivable(self, now: datetime, stale_before: datetime, limit: int) -> list[Record]:
-        """Return up to ``limit`` records due for a redrive (``documents.redrive_filter``)."""
+    def redrivable(self, now: datetime, stale_before: datetime, limit: int,
+                   exclude: Collection[str] = ()) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive (``documents.redrive_filter``),
+        leaving out the keys in ``exclude``."""
         ...
 
     def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
@@ -110,7 +112,11 @@ class EventStore(Protocol):
         ...
 
     def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
-        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable."""
+        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable.
+
+        A PROCESSING record whose lease expired a lease ago or more (its worker
+        died; ``documents.abandon_filter``) is given up too; a live one never.
+        """
         ...
 
     # -- the outbox ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ check that the two agree on generated documents.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -327,19 +327,24 @@ def fail_update(now: datetime, error: Mapping[str, Any], *, retryable: bool,
 
 # -- store-driven redrive ---------------------------------------------------------------------
 
-def redrive_filter(now: datetime, stale_before: datetime) -> dict[str, Any]:
+def redrive_filter(now: datetime, stale_before: datetime,
+                   exclude: Collection[str] = ()) -> dict[str, Any]:
     """Return the filter of records the store must have delivered again.
 
     FAILED-retryable records whose ``redrive_at`` has come, and PROCESSING
     records whose lease expired before ``stale_before`` (their worker died
     and nothing redelivered them) unless a redrive is already scheduled.
+    Keys in ``exclude`` (already seen by this pass) are left out.
     """
     moment = bson_time(now)
-    return {"$or": [
+    found: dict[str, Any] = {"$or": [
         {"event_status": FAILED, "retryable": True, "redrive_at": {"$lte": moment}},
         {"event_status": PROCESSING, "lease_until": {"$lt": bson_time(stale_before)},
          "$or": [{"redrive_at": {"$exists": False}}, {"redrive_at": {"$lte": moment}}]},
     ]}
+    if exclude:
+        found["idempotency_key"] = {"$nin": sorted(exclude)}
+    return found
 
 
 def redrivable(record: Mapping[str, Any], now: datetime, stale_before: datetime) -> bool:
@@ -367,15 +372,35 @@ def redriven_update(next_at: datetime) -> dict[str, Any]:
     return {"$set": {"redrive_at": bson_time(next_at)}, "$inc": {"redrives": 1}}
 
 
-def abandon_filter(key: str) -> dict[str, Any]:
-    """Return the filter that matches ``key`` only while it is FAILED and retryable."""
-    return {"idempotency_key": key, "event_status": FAILED, "retryable": True}
+def abandon_filter(key: str, stale_before: datetime) -> dict[str, Any]:
+    """Return the filter that matches ``key`` while FAILED-retryable or stale PROCESSING.
+
+    Stale: its lease expired before ``stale_before`` (the worker died long ago),
+    so no live worker can still finish it.
+    """
+    return {"idempotency_key": key, "$or": [
+        {"event_status": FAILED, "retryable": True},
+        {"event_status": PROCESSING, "lease_until": {"$lt": bson_time(stale_before)}}]}
+
+
+def abandonable(record: Mapping[str, Any], stale_before: datetime) -> bool:
+    """Return True when ``record`` matches ``abandon_filter`` (the memory store's rule)."""
+    if record.get("event_status") == FAILED:
+        return record.get("retryable") is True
+    lease = record.get("lease_until")
+    return record.get("event_status") == PROCESSING and isinstance(lease, datetime) and \
+        bson_time(lease) < bson_time(stale_before)
+
+
+ABANDON_UNSET = ("redrive_at", "lease_until", "lease_owner")
+"""Fields a record given up for good no longer has: nothing schedules or holds it."""
 
 
 def abandon_update(now: datetime, error: Mapping[str, Any]) -> dict[str, Any]:
     """Return the update that gives a record up for good after its last redrive."""
-    return {"$set": {"retryable": False, "error": dict(error), "lastUpdatedTime": epoch_ms(now)},
-            "$unset": {"redrive_at": ""}}
+    return {"$set": {"event_status": FAILED, "retryable": False, "error": dict(error),
+                     "lastUpdatedTime": epoch_ms(now)},
+            "$unset": dict.fromkeys(ABANDON_UNSET, "")}
 
 
 def reject_update(fields: Mapping[str, Any], now: datetime, error: Mapping[str, Any], *,

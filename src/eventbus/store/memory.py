@@ -106,12 +106,13 @@ class MemoryEventStore(MemoryOperatorMixin):
         return self._finish(key, owner, documents.fail_fields(now, error, retryable=retryable,
                                                               redrive_at=redrive_at))
 
-    def redrivable(self, now: datetime, stale_before: datetime, limit: int) -> list[Record]:
+    def redrivable(self, now: datetime, stale_before: datetime, limit: int,
+                   exclude: Collection[str] = ()) -> list[Record]:
         """Return up to ``limit`` records due for a redrive, the longest due first."""
         epoch = documents.EPOCH
         with self._lock:
-            due = [copy.deepcopy(record) for record in self._events.values()
-                   if documents.redrivable(record, now, stale_before)]
+            due = [copy.deepcopy(record) for key, record in self._events.items()
+                   if key not in exclude and documents.redrivable(record, now, stale_before)]
         return sorted(due, key=lambda record: record.get("redrive_at") or epoch)[:limit]
 
     def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
@@ -125,14 +126,14 @@ class MemoryEventStore(MemoryOperatorMixin):
         return True
 
     def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
-        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable."""
+        """Give ``key`` up for good (FAILED, not retryable); False unless retryable or stale."""
         with self._lock:
             record = self._events.get(key)
-            if (record is None or record.get("event_status") != documents.FAILED
-                    or record.get("retryable") is not True):
+            if record is None or not documents.abandonable(record, now - self._lease):
                 return False
             record.update(documents.abandon_update(now, error)["$set"])
-            record.pop("redrive_at", None)
+            for field in documents.ABANDON_UNSET:
+                record.pop(field, None)
         return True
 
     def _held(self, key: str, owner: str) -> Record | None:

@@ -198,10 +198,11 @@ class MongoEventStore(MongoOperatorMixin):
         update = documents.fail_update(now, error, retryable=retryable, redrive_at=redrive_at)
         return self._finish(key, owner, update, "fail")
 
-    def redrivable(self, now: datetime, stale_before: datetime, limit: int) -> list[Record]:
+    def redrivable(self, now: datetime, stale_before: datetime, limit: int,
+                   exclude: Collection_[str] = ()) -> list[Record]:
         """Return up to ``limit`` records due for a redrive, the longest due first."""
         with _unavailable("find redrivable", "events"):
-            cursor = self._collection.find(documents.redrive_filter(now, stale_before))
+            cursor = self._collection.find(documents.redrive_filter(now, stale_before, exclude))
             return list(cursor.sort("redrive_at", ASCENDING).limit(limit))
 
     def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
@@ -212,9 +213,9 @@ class MongoEventStore(MongoOperatorMixin):
         return done.matched_count == 1
 
     def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
-        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable."""
+        """Give ``key`` up for good (FAILED, not retryable); False unless retryable or stale."""
         with _unavailable("abandon", key):
-            done = self._collection.update_one(documents.abandon_filter(key),
+            done = self._collection.update_one(documents.abandon_filter(key, now - self._lease),
                                                documents.abandon_update(now, error))
         return done.matched_count == 1
 
