@@ -8,6 +8,7 @@ in ``test_mongo_only.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 import uuid
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from eventbus.model.context import Child
 from eventbus.model.delivery import Delivery
-from eventbus.model.errors import AlreadyExists, LeaseHeld
+from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
 from eventbus.model.event import Event
 from eventbus.model.keys import child_key, fingerprint
 from eventbus.store import documents
@@ -425,6 +426,57 @@ class TestReject:
         with pytest.raises(AlreadyExists) as raised:
             store.claim(key, FIELDS, now)
         assert raised.value.record == before
+
+
+class TestCorrectedAfterRejection:
+    """A refused event's record never swallows the corrected event published under its key."""
+
+    @staticmethod
+    def refused(store: EventStore, now: datetime) -> tuple[str, dict[str, Any]]:
+        key = new_key()
+        bad = dataclasses.replace(EVENT, event_type="OR_MGTM")
+        delivery = Delivery(data=b'{"event_type": "OR_MGTM"}', attributes={}, message_id="m-1")
+        fields = {**documents.refused_fields(delivery, bad),
+                  "payload_fingerprint": fingerprint(bad)}
+        error = {"type": "UnknownEventType", "message": "no handler for OR_MGTM",
+                 "classification": "invalid"}
+        assert store.reject(key, fields, now, error)
+        return key, fields
+
+    def test_a_different_payload_takes_the_rejected_record(self, store: EventStore,
+                                                           now: datetime) -> None:
+        key, refused = self.refused(store, now)
+        claim = store.claim(key, FIELDS, now + timedelta(seconds=5))
+        assert claim.attempt == 1 and claim.previous is not None
+        assert store.succeed(key, claim.owner, now + timedelta(seconds=6))
+        record = store.get(key) or {}
+        assert (record["event_status"], record["event_type"]) == (SUCCESS, "OR_MGMT")
+        assert record["entity_data"] == EVENT.entity_data
+        assert record["payload_fingerprint"] == FIELDS["payload_fingerprint"]
+        assert record["created"] == documents.epoch_ms(now)  # the record's own history
+        assert not {"rejected", "raw_payload", "payload_sha256", "error"} & record.keys()
+        [kept] = record["rejections"]
+        assert kept["event_type"] == "OR_MGTM" and kept["error"]["type"] == "UnknownEventType"
+        assert kept["payload_fingerprint"] == refused["payload_fingerprint"]
+        assert kept["raw_payload"] == refused["raw_payload"]
+        assert list(record["entity_metadata"]["resilienceAttemptCount"]) == ["1"]
+
+    def test_the_same_payload_stays_a_duplicate(self, store: EventStore,
+                                                now: datetime) -> None:
+        key, refused = self.refused(store, now)
+        before = store.get(key)
+        same = {**FIELDS, "payload_fingerprint": refused["payload_fingerprint"]}
+        with pytest.raises(AlreadyExists):
+            store.claim(key, same, now)
+        assert_unchanged(store, key, before)
+
+    def test_a_processed_record_still_conflicts(self, store: EventStore,
+                                                now: datetime) -> None:
+        key = new_key()
+        claim = store.claim(key, FIELDS, now)
+        store.fail(key, claim.owner, now, ERROR, retryable=False)
+        with pytest.raises(Conflict):
+            store.claim(key, {**FIELDS, "payload_fingerprint": "other"}, now)
 
 
 def _race(workers: int, call: Callable[[], Any]) -> list[Any]:

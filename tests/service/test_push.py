@@ -214,3 +214,22 @@ def test_one_structured_log_line_per_request(make_harness: Make) -> None:
     assert line["severity"] == "INFO" and line["status"] == 200 and line["service"] == "svc"
     for field in ("method", "path", "requestId", "duration", "timestamp", "outcome"):
         assert field in line
+
+
+def test_a_corrected_event_under_a_refused_key_is_processed_not_swallowed(
+        make_harness: Make) -> None:
+    # A publisher sends a typo in event_type, is told "rejected", fixes it and
+    # publishes again under the same key, as the README tells it to.
+    router, calls = recording_router()
+    h = make_harness(router=router)
+    typo = h.push(event("TSET", n=1), "m-1", idempotency_key="k-1")
+    fixed = h.push(event("TEST", n=1), "m-2", idempotency_key="k-1")
+    again = [h.push(event("TEST", n=1), "m-3", idempotency_key="k-1"),
+             h.push(event("TSET", n=1), "m-1", idempotency_key="k-1")]  # redeliveries
+    assert typo.json["outcome"] == "rejected" and fixed.json["outcome"] == "processed"
+    assert [r.json["outcome"] for r in again] == ["duplicate", "duplicate"]
+    assert len(calls) == 1 and typo.json["idempotency_key"] == fixed.json["idempotency_key"]
+    record = h.store.get(fixed.json["idempotency_key"]) or {}
+    assert (record["event_status"], record["event_type"]) == ("SUCCESS", "TEST")
+    [refused] = record["rejections"]
+    assert refused["event_type"] == "TSET" and '"TSET"' in refused["raw_payload"]

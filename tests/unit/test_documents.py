@@ -166,7 +166,7 @@ class TestUpdates:
                                           created_by="svc", retention=timedelta(days=1))
         stored = pipeline[1]["$set"]["entity_data"]["$cond"][1]
         assert stored == {"$literal": EVENT.entity_data}
-        assert pipeline[-1] == {"$unset": ["__eventbus_new", "__eventbus_take"]}
+        assert pipeline[-1] == {"$unset": ["__eventbus_new", "__eventbus_take", "__eventbus_redo"]}
 
     def test_succeed_update(self) -> None:
         assert documents.succeed_update(NOW) == {

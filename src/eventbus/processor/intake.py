@@ -79,8 +79,9 @@ class Intake:
             return _refused(delivery, event, exc)
         except InvalidEvent as exc:
             # An unknown type keeps its own key, so a replay after the deploy
-            # that adds its handler finds it.
-            return _refused(delivery, event, exc, key)
+            # that adds its handler finds it, and its fingerprint, so a
+            # corrected event published under that key is told apart from it.
+            return _refused(delivery, event, exc, key, payload)
         fields = documents.event_fields(event, delivery, fingerprint=payload,
                                         **self._links(delivery, key, root))
         return Located(delivery, key, fields, event, route, root)
@@ -159,9 +160,11 @@ def _listed(parent: Mapping[str, Any] | None, key: str,
 
 
 def _refused(delivery: Delivery, event: Event | None, error: InvalidEvent,
-             key: str = "") -> Located:
+             key: str = "", fingerprint: str = "") -> Located:
     # Without a key of its own, a message is stored under one derived from
     # its raw bytes: a redelivery finds it, and nothing it holds is trusted.
     key = key or rejected_key(delivery.data, delivery.message_id)
-    return Located(delivery, key, documents.refused_fields(delivery, event),
-                   event=event, error=error)
+    fields = documents.refused_fields(delivery, event)
+    if fingerprint:
+        fields["payload_fingerprint"] = fingerprint
+    return Located(delivery, key, fields, event=event, error=error)

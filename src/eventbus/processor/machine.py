@@ -244,7 +244,12 @@ def _other_payload(record: Mapping[str, Any] | None, located: Located) -> bool:
     if record is None or record.get("event_status") == Status.PROCESSING:
         return False
     stored = record.get("payload_fingerprint") or record.get("payload_sha256")
-    return stored is not None and stored != located.fingerprint
+    # A refusal a corrected payload replaced is this key's payload too: its
+    # redelivery is a duplicate, not a conflict.
+    earlier = {entry.get("payload_fingerprint") for entry in record.get("rejections") or ()
+               if isinstance(entry, Mapping)}
+    return stored is not None and stored != located.fingerprint and \
+        located.fingerprint not in earlier
 
 
 def _run_hook(hook: AfterSuccess, key: str, outbox: Sequence[Mapping[str, Any]]) -> None:

@@ -40,6 +40,14 @@ _MILLISECOND = timedelta(milliseconds=1)
 # Scratch fields that live only inside the claim pipeline; the last stage removes them.
 _NEW = "__eventbus_new"
 _TAKE = "__eventbus_take"
+_REDO = "__eventbus_redo"
+REJECTED = "rejected"
+"""Set on a record stored by rejection (``reject_update``): FAILED for good, never claimed."""
+REJECTION_FIELDS = ("error", "event_type", "event_version", "entity_data", "payload_fingerprint",
+                    "payload_sha256", "payload_size", "raw_payload", "lastUpdatedTime")
+"""What ``rejections`` keeps of a refused attempt when a corrected payload takes its record."""
+AUDIT_FIELDS = ("created", "createdBy", "expire_at", "event_day_id")
+"""Written once, when a record is new: a corrected payload taking a rejected record keeps them."""
 
 
 def bson_time(moment: datetime) -> datetime:
@@ -168,13 +176,32 @@ def is_new(previous: Mapping[str, Any] | None) -> bool:
     return previous is None or previous.get("event_status") in (None, "")
 
 
+def is_rejected(previous: Mapping[str, Any] | None) -> bool:
+    """Return True for a record stored by rejection and never claimed since (``REJECTED``)."""
+    return previous is not None and previous.get(REJECTED) is True and \
+        previous.get("event_status") == FAILED
+
+
+def redoes(previous: Mapping[str, Any] | None, fingerprint: str) -> bool:
+    """Return True when a claim of ``fingerprint`` takes the rejected record ``previous``.
+
+    A publisher that corrects a refused event and publishes it again under the
+    same key must not be answered "duplicate": a different payload takes the
+    record (the refusal moves to ``rejections``); the same payload stays a
+    duplicate. Mirrors ``_redo_expression``; change both together.
+    """
+    return bool(fingerprint) and is_rejected(previous) and \
+        (previous or {}).get("payload_fingerprint") != fingerprint
+
+
 def conflicts(previous: Mapping[str, Any] | None, fingerprint: str) -> bool:
     """Return True when ``previous`` holds a different payload than ``fingerprint``.
 
-    Records stored without a fingerprint, and claims without one, never conflict.
+    Records stored without a fingerprint, rejected records (``redoes``), and
+    claims without one, never conflict.
     Mirrors the first term of ``_take_expression``; change both together.
     """
-    if previous is None or not fingerprint or is_new(previous):
+    if previous is None or not fingerprint or is_new(previous) or is_rejected(previous):
         return False
     stored = previous.get("payload_fingerprint")
     return stored is not None and stored != fingerprint
@@ -187,7 +214,7 @@ def claimable(previous: Mapping[str, Any] | None, now: datetime,
     A different payload (``conflicts``) is never taken. Mirrors
     ``claim_pipeline``'s ``_take_expression``; change both together.
     """
-    if previous is None:
+    if previous is None or redoes(previous, fingerprint):
         return True
     if conflicts(previous, fingerprint):
         return False
@@ -227,13 +254,41 @@ def claim_pipeline(fields: Mapping[str, Any], now: datetime, *, owner: str, leas
     """
     new = {"$eq": [{"$ifNull": ["$event_status", ""]}, ""]}
     fingerprint = str(fields.get("payload_fingerprint") or "")
-    decide = {"$set": {_NEW: new, _TAKE: _take_expression(now, fingerprint)}}
-    on_insert = {name: _when(_NEW, {"$literal": value}, name)
+    redo = _redo_expression(fingerprint)
+    decide = {"$set": {_NEW: new, _REDO: redo,
+                       _TAKE: {"$or": [redo, _take_expression(now, fingerprint)]}}}
+    fresh = {"$or": [f"${_NEW}", f"${_REDO}"]}
+    on_insert = {name: {"$cond": [f"${_NEW}" if name in AUDIT_FIELDS else fresh,
+                                  {"$literal": value}, f"${name}"]}
                  for name, value in insert_fields(fields, now, created_by=created_by,
                                                   retention=retention).items()}
     taken = {name: _when(_TAKE, value, name)
              for name, value in _taken_fields(fields, now, owner, lease).items()}
-    return [decide, {"$set": {**on_insert, **taken}}, {"$unset": [_NEW, _TAKE]}]
+    return [decide, {"$set": {**_redo_fields(), **on_insert, **taken}},
+            {"$unset": [_NEW, _TAKE, _REDO]}]
+
+
+def _redo_expression(fingerprint: str) -> Any:
+    # ``redoes`` on the server: a rejected record, and a payload it does not hold.
+    if not fingerprint:
+        return False
+    return {"$and": [{"$eq": [{"$ifNull": [f"${REJECTED}", False]}, True]},
+                     {"$eq": [{"$ifNull": ["$event_status", ""]}, FAILED]},
+                     {"$ne": [{"$ifNull": ["$payload_fingerprint", ""]}, fingerprint]}]}
+
+
+def _redo_fields() -> dict[str, Any]:
+    # A corrected payload takes a rejected record: the refusal is kept in
+    # ``rejections`` and what described only the refused payload goes.
+    refused = {name: {"$ifNull": [f"${name}", "$$REMOVE"]} for name in REJECTION_FIELDS}
+    kept = {"$concatArrays": [{"$ifNull": ["$rejections", []]}, [refused]]}
+    dropped = {name: _when_not(_REDO, name) for name in
+               (REJECTED, "payload_sha256", "payload_size", "raw_payload")}
+    return {"rejections": _when(_REDO, kept, "rejections"), **dropped}
+
+
+def _when_not(flag: str, name: str) -> dict[str, Any]:
+    return {"$cond": [f"${flag}", "$$REMOVE", f"${name}"]}
 
 
 def _take_expression(now: datetime, fingerprint: str) -> dict[str, Any]:
@@ -277,8 +332,9 @@ def _metadata_with_attempt(fields: Mapping[str, Any], attempt: Mapping[str, Any]
                            stamp: str) -> dict[str, Any]:
     seed = {key: value for key, value in fields.get("entity_metadata", {}).items()
             if key != "resilienceAttemptCount"}
-    base = {"$cond": [f"${_NEW}", {"$literal": seed}, "$entity_metadata"]}
-    earlier = {"$cond": [f"${_NEW}", {},
+    fresh = {"$or": [f"${_NEW}", f"${_REDO}"]}
+    base = {"$cond": [fresh, {"$literal": seed}, "$entity_metadata"]}
+    earlier = {"$cond": [fresh, {},
                          {"$ifNull": ["$entity_metadata.resilienceAttemptCount", {}]}]}
     entry = {"$arrayToObject": [[{"k": {"$toString": attempt}, "v": stamp}]]}
     return {"$mergeObjects": [base, {"resilienceAttemptCount": {"$mergeObjects": [earlier,
@@ -415,7 +471,7 @@ def reject_update(fields: Mapping[str, Any], now: datetime, error: Mapping[str, 
     record["entity_metadata"] = {**fields.get("entity_metadata", {}),
                                  "resilienceAttemptCount": {}}
     record.update(event_status=FAILED, retryable=False, error=dict(error), attempts=0,
-                  lastUpdatedTime=epoch_ms(now))
+                  lastUpdatedTime=epoch_ms(now), **{REJECTED: True})
     if raw_payload is not None:
         record["raw_payload"] = raw_payload
     return {"$setOnInsert": record}

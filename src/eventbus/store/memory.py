@@ -27,6 +27,15 @@ from eventbus.store.base import Claim, OutboxEntry, Record
 from eventbus.store.memory_ops import MemoryOperatorMixin
 
 
+def _keep_rejection(record: Record) -> None:
+    """Move the refusal of a rejected record into ``rejections`` (``documents._redo_fields``)."""
+    refused = {name: copy.deepcopy(record[name]) for name in documents.REJECTION_FIELDS
+               if name in record}
+    record["rejections"] = [*record.get("rejections", []), refused]
+    for name in (documents.REJECTED, "payload_sha256", "payload_size", "raw_payload"):
+        record.pop(name, None)
+
+
 class MemoryEventStore(MemoryOperatorMixin):
     """The store primitives on a dict; safe to share between threads."""
 
@@ -73,9 +82,16 @@ class MemoryEventStore(MemoryOperatorMixin):
         # a fresh attempt map; any other record keeps its fields and its map.
         record: Record = _bson(previous) if previous is not None else {"idempotency_key": key}
         stamp = documents.epoch_ms(now)
-        if documents.is_new(previous):
-            record.update(_bson(documents.insert_fields(fields, now, created_by=self._created_by,
-                                                        retention=self._retention)))
+        redo = documents.redoes(previous, str(fields.get("payload_fingerprint") or ""))
+        if redo:
+            _keep_rejection(record)
+        if documents.is_new(previous) or redo:
+            inserted = documents.insert_fields(fields, now, created_by=self._created_by,
+                                               retention=self._retention)
+            if redo:
+                inserted = {name: value for name, value in inserted.items()
+                            if name not in documents.AUDIT_FIELDS}
+            record.update(_bson(inserted))
             meta = {name: value for name, value
                     in _bson(fields.get("entity_metadata") or {}).items()
                     if name != "resilienceAttemptCount"}
