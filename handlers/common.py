@@ -31,6 +31,8 @@ MAX_FUTURE_SECONDS = 24 * 3600
 MILLISECONDS_THRESHOLD = 1e12
 """Epoch seconds this large are in the year 33658: the value is surely in milliseconds."""
 MAX_ID_CHARS = 256
+MAX_HISTORY = 100
+"""A projection keeps the last this many changes in ``history`` (older ones drop off)."""
 INT64 = (-(2**63), 2**63 - 1)
 CONTENT_ERRORS = (BSONError, OverflowError, UnicodeEncodeError)
 """What the driver raises for a document it cannot encode: a retry never fixes it."""
@@ -46,12 +48,16 @@ def apply_projection(context: Context, collection: str, doc_id: str, as_of: floa
 
     Events may arrive out of order, so each projection keeps the timestamp of
     the state it shows and refuses older ones. The history records which
-    event changed it, which makes a double application visible. A state the
+    event changed it (the last ``MAX_HISTORY`` changes), which makes a double
+    application visible. A state the
     store cannot encode (a value it cannot hold) is a ``PermanentError``.
     """
     newer = {"_id": doc_id, "$or": [{"asOf": {"$lt": as_of}}, {"asOf": {"$exists": False}}]}
     change = {"$set": {**state, "asOf": as_of, "updatedBy": context.key},
-              "$push": {"history": {"key": context.key, "asOf": as_of, **state}},
+              # Bounded: a long-lived entity must never grow past the store's
+              # document limit (a write that could then never succeed).
+              "$push": {"history": {"$each": [{"key": context.key, "asOf": as_of, **state}],
+                                    "$slice": -MAX_HISTORY}},
               "$inc": {"eventsApplied": 1}}
     try:
         context.db[collection].update_one(newer, change, upsert=True)

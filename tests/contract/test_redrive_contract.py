@@ -175,7 +175,12 @@ def test_stale_processing_records_past_the_cap_end_failed_and_never_starve_other
     waiting = retryable_failure(run)  # due after the five are due again
     clock.advance(100_000)
     caplog.set_level(logging.INFO, "eventbus.redrive")
-    first, second = redriver.sweep(limit=3), redriver.sweep(limit=3)
+    sweeper_log = logging.getLogger("eventbus.redrive")
+    sweeper_log.addHandler(caplog.handler)  # the service's logging may stop propagation
+    try:
+        first, second = redriver.sweep(limit=3), redriver.sweep(limit=3)
+    finally:
+        sweeper_log.removeHandler(caplog.handler)
     assert "redrive pass: republished 0, abandoned 3, failed 0, skipped 0" in caplog.text
     assert (first.abandoned, first.republished) == (3, 0)
     assert (second.abandoned, second.republished) == (2, 1)

@@ -28,7 +28,7 @@ from eventbus.model.outcome import Outcome
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock, LocalBus
 from handlers import create_router
-from handlers.common import MAX_FUTURE_SECONDS, projection_id
+from handlers.common import MAX_FUTURE_SECONDS, MAX_HISTORY, projection_id
 from handlers.notifications import NOTIFY, SENT
 from handlers.partners import (
     BadPartnerId,
@@ -154,6 +154,20 @@ def test_projection_ids_of_different_partners_and_orders_never_collide(bus: Loca
     assert projections["acme%3Ao:1"]["partnerId"] == "acme:o"
     assert projections["acme:o%3A1"]["orderId"] == "o:1"
     assert {doc["eventsApplied"] for doc in projections.values()} == {1}
+
+
+def test_a_long_lived_order_keeps_a_bounded_status_history(bus: LocalBus) -> None:
+    # Unbounded, every status change of an order grew its document toward the
+    # store's size limit, past which no write of it could ever succeed.
+    changes = MAX_HISTORY + 20
+    for n in range(changes):
+        bus.publish("OR_MGMT", order("OR_PLC" if n % 2 else "OR_CNF", 1655292800 + n,
+                                     order_id=7), entity=ENTITY, version="v2")
+    assert {r.outcome for r in bus.results} == {Outcome.PROCESSED}
+    [projection] = bus.store.database.order_projection.find({"orderId": 7})
+    assert projection["eventsApplied"] == changes
+    assert len(projection["history"]) == MAX_HISTORY
+    assert projection["history"][-1]["asOf"] == 1655292800 + changes - 1
 
 
 def test_ordinary_projection_ids_read_as_before() -> None:

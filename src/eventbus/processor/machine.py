@@ -199,9 +199,13 @@ class Processor:
 
     def _fail(self, located: Located, claim: Claim, exc: Exception) -> Result:
         kind = self.classifier.classify(exc)
-        final = kind is Classification.PERMANENT or isinstance(exc, ContentRejected)
+        # A write the store refuses for its content (too large, a value it
+        # cannot hold), the record's or a handler's own, fails the same way on
+        # every retry: FAILED for good with the reason, not 503 until the cap.
+        content = isinstance(exc, ContentRejected) or documents.refuses_content(exc)
+        final = kind is Classification.PERMANENT or content
         capped = self._attempts_used(claim) >= self.settings.max_attempts and not final
-        label = "attempt_cap" if capped else kind.value
+        label = "attempt_cap" if capped else "content" if content else kind.value
         now = self.now()
         redrive_at = now + timedelta(seconds=self.settings.redrive_after_seconds)
         with self.telemetry.span("finish"):

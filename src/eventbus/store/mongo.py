@@ -87,14 +87,8 @@ def _unavailable(action: str, key: str) -> Iterator[None]:
 # text, integers past 64 bits, nesting beyond the encoder's recursion.
 _CONTENT_ERRORS = (InvalidDocument, InvalidStringData, OverflowError, UnicodeEncodeError,
                    RecursionError)
-CONTENT_ERROR_CODES = frozenset({
-    15,     # Overflow: nesting depth exceeded
-    52,     # DollarPrefixedFieldName
-    10334,  # BSONObjectTooLarge
-    17280,  # KeyTooLong
-    17419,  # a resulting document would be too large
-})
-"""Server error codes that mean "this content cannot be stored", not "the store is down"."""
+CONTENT_ERROR_CODES = documents.CONTENT_ERROR_CODES
+"""Server error codes that mean "this content cannot be stored" (``documents.refuses_content``)."""
 
 
 class MongoEventStore(MongoOperatorMixin):
