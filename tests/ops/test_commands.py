@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from eventbus.ops.operations import group_id, normalise
+from eventbus.pubsub.message import build_event, build_message
+from eventbus.store.operations import EventQuery
 from tests.ops.conftest import FIXED, Bus
 
 ESC = "\x1b[2J\x1b]0;owned\x07"
@@ -231,22 +235,99 @@ def test_replay_with_corrected_data_for_an_invalid_payload(bus: Bus, tmp_path: P
                                      "entity_type": "Order"},
                  "entity_data": {"tag": "fixed-data"}}
     path = tmp_path / "fixed.json"
+    path.write_text('{"event_type": "OR_MGMT"}')
+    code, out, _ = bus.run("replay", bad.key, "--data", str(path))
+    assert code == 1 and "not a valid event" in out
     path.write_text(json.dumps(corrected))
     code, _, err = bus.run("replay", bad.key)
     assert code == 1 and "stored as invalid" in bus.run("replay", bad.key, "--json")[1]
     code, out, err = bus.run("replay", bad.key, "--data", str(path), "--json")
     assert code == 0, err
     (result,) = json.loads(out)["results"]
-    assert result["outcome"] == "replayed" and result["new_key"].startswith("p:p-1:")
-    original = bus.store.get(bad.key)
-    assert original is not None and original["event_status"] == "FAILED"
-    assert original["raw_payload"].startswith('{"event_type"')
-    assert original["replays"][0]["data"]["new_key"] == result["new_key"]
+    # The corrected event runs under the refused record's own key.
+    assert result["outcome"] == "replayed" and result["new_key"] == bad.key
     FIXED.add("fixed-data")
     (processed,) = bus.replayed()
-    assert processed.key == result["new_key"]
-    stored = bus.store.get(result["new_key"])
-    assert stored is not None and stored["event_status"] == "SUCCESS"
-    path.write_text('{"event_type": "OR_MGMT"}')
-    code, out, _ = bus.run("replay", bad.key, "--data", str(path))
-    assert code == 1 and "not a valid event" in out
+    assert (processed.outcome.value, processed.key) == ("processed", bad.key)
+    record = bus.store.get(bad.key) or {}
+    assert record["event_status"] == "SUCCESS" and record["entity_data"] == {"tag": "fixed-data"}
+    [refused] = record["rejections"]
+    assert refused["raw_payload"].startswith('{"event_type"') and refused["error"]["message"]
+    [audit] = record["replays"]
+    assert audit["by"] == "ops@example.com" and audit["data"]["corrected"] is True
+    assert bus.store.get_many([k for k in [result["new_key"]] if k != bad.key]) == []
+    code, _, err = bus.run("replay", bad.key, "--data", str(path))
+    assert code == 2 and "SUCCESS" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_corrected_unknown_type_runs_under_its_own_key(bus: Bus, tmp_path: Path) -> None:
+    typo = bus.deliver("OR_MGTM", key="order-77", tag="typo")
+    assert typo.outcome.value == "rejected"
+    path = tmp_path / "fixed.json"
+    fixed = {"event_type": "OR_MGMT", "entity_metadata": {
+        "partnerId": "p-1", "entity_id": "order-77", "entity_type": "Order"},
+        "entity_data": {"tag": "typo-fixed"}}
+    path.write_text(json.dumps(fixed))
+    FIXED.add("typo-fixed")
+    code, _, err = bus.run("replay", typo.key, "--data", str(path))
+    assert code == 0, err
+    (processed,) = bus.replayed()
+    assert (processed.outcome.value, processed.key) == ("processed", typo.key)
+    record = bus.store.get(typo.key) or {}
+    assert (record["event_status"], record["event_type"]) == ("SUCCESS", "OR_MGMT")
+    assert record["rejections"][0]["event_type"] == "OR_MGTM"
+
+
+def test_a_corrected_event_never_lands_in_another_partners_keys(bus: Bus,
+                                                               tmp_path: Path) -> None:
+    typo = bus.deliver("OR_MGTM", partner="p-1", key="order-78")
+    path = tmp_path / "fixed.json"
+    path.write_text(json.dumps({"event_type": "OR_MGMT", "entity_metadata": {
+        "partnerId": "p-2", "entity_id": "order-78", "entity_type": "Order"},
+        "entity_data": {}}))
+    code, out, _ = bus.run("replay", typo.key, "--data", str(path), "--json")
+    (result,) = json.loads(out)["results"]
+    assert code == 1 and result["outcome"] == "skipped" and "another partner" in result["detail"]
+    assert bus.publisher.take() == []
+
+
+def test_a_forged_replay_link_is_refused(bus: Bus) -> None:
+    typo = bus.deliver("OR_MGTM", key="order-79")
+    event = build_event("OR_MGMT", {"tag": "forged"}, entity={
+        "partnerId": "p-1", "entity_id": "order-79", "entity_type": "Order"})
+    body, attributes = build_message(event)
+    forged = bus.redeliver(body, {**attributes, "replay_of": typo.key}, "m-forged")
+    assert forged.outcome.value == "rejected" and forged.key != typo.key
+    assert (bus.store.get(typo.key) or {})["event_type"] == "OR_MGTM"
+
+
+@pytest.mark.parametrize("state", ["success", "in progress"])
+def test_data_on_a_record_that_ran_is_refused_in_one_line(bus: Bus, tmp_path: Path,
+                                                         state: str) -> None:
+    done = bus.deliver(tag="ok")
+    key = done.key
+    if state == "in progress":
+        bus.store.collection.update_one({"idempotency_key": key},
+                                        {"$set": {"event_status": "PROCESSING"}})
+    path = tmp_path / "fixed.json"
+    path.write_text(json.dumps({"event_type": "OR_MGMT", "entity_metadata": {
+        "partnerId": "p-1", "entity_id": "x", "entity_type": "Order"}, "entity_data": {}}))
+    code, out, err = bus.run("replay", key, "--data", str(path))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+    assert bus.publisher.take() == []
+
+
+def test_a_conflict_record_applies_its_payload_under_its_own_key(bus: Bus) -> None:
+    first = bus.deliver(key="order-80", tag="original")
+    other = bus.deliver(key="order-80", tag="conflicting")
+    assert other.outcome.value == "conflict"
+    [conflict] = [r for r in bus.store.find_events(EventQuery(statuses=("FAILED",)), limit=10)
+                  if str(r["idempotency_key"]).startswith("conflict:")]
+    FIXED.add("conflicting")
+    code, _, err = bus.run("replay", conflict["idempotency_key"])
+    assert code == 0, err
+    (processed,) = bus.replayed()
+    assert (processed.outcome.value, processed.key) == ("processed", conflict["idempotency_key"])
+    assert (bus.store.get(first.key) or {})["entity_data"]["tag"] == "original"  # it stays
+    applied = bus.store.get(conflict["idempotency_key"]) or {}
+    assert applied["event_status"] == "SUCCESS" and applied["entity_data"]["tag"] == "conflicting"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from typing import Any
 
@@ -240,3 +241,30 @@ def test_the_console_mounts_into_the_service_app(bus: Bus) -> None:
     assert "Path=/console/" in answer.headers["Set-Cookie"]
     assert browser.get("/console/", base_url=f"http://{HOST}").status_code == 200
     assert browser.get("/health").status_code == 200
+
+
+def test_a_refused_event_is_corrected_in_the_form_and_runs_under_its_own_key(bus: Bus) -> None:
+    typo = bus.deliver("OR_MGTM", key="order-90", tag="console-fix")
+    done = bus.deliver(tag="fine")
+    browser = signed_in(bus)
+    confirm = get(browser, "/replay", query_string={"key": typo.key}).get_data(as_text=True)
+    assert 'id="correction"' in confirm and "OR_MGTM" in confirm
+    csrf = confirm.split('name="csrf" value="')[1].split('"')[0]
+    fixed = json.dumps({"event_type": "OR_MGMT", "entity_metadata": {
+        "partnerId": "p-1", "entity_id": "order-90", "entity_type": "Order"},
+        "entity_data": {"tag": "console-fix"}})
+
+    def post(key: str, data: str) -> Any:
+        return browser.post("/replay", data={"key": key, "csrf": csrf, "data": data,
+                                             "why": "typo"}, base_url=f"http://{HOST}")
+
+    assert post(typo.key, "{not json").status_code == 400
+    assert post(done.key, fixed).status_code == 409  # it ran: nothing to correct
+    answer = post(typo.key, fixed)
+    assert answer.status_code == 200 and b'<td class="outcome">replayed</td>' in answer.data
+    FIXED.add("console-fix")
+    (processed,) = bus.replayed()
+    assert (processed.outcome.value, processed.key) == ("processed", typo.key)
+    record = bus.store.get(typo.key) or {}
+    assert record["event_type"] == "OR_MGMT" and record["rejections"][0]["event_type"] == "OR_MGTM"
+    assert record["replays"][0]["by"] == "local operator"

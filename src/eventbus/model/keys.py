@@ -35,6 +35,11 @@ from eventbus.model.event import Event
 MAX_KEY_LENGTH = 512
 _HASH_CHARS = 32
 CASCADE_LINKS = ("parent_key", "root_key")
+REPLAY_OF = "replay_of"
+"""The attribute of an operator's corrected replay: the key of the refused record it corrects.
+
+Trusted only when that record's replay audit lists the message's payload
+(``Intake``), as a cascade link is trusted only when its parent lists the child."""
 PUBLISHER_PREFIX = "p:"
 INVALID_PREFIX = "invalid:"
 CONFLICT_PREFIX = "conflict:"

@@ -17,10 +17,9 @@ One replay is three steps, in this order:
    fails, the record stays FAILED and retryable (with the audit entry) and the
    result says so: replaying it again sends it.
 
-``--data FILE`` replays a payload stored as invalid with corrected data: the
-data is validated as the receiver would, published with the original
-attributes, and the record keeps the original payload, with an audit entry
-naming the key the corrected event is stored under.
+``--data FILE`` runs a corrected event under a refused record's own key
+(invalid, unknown type or version, conflict), and replaying a ``conflict:``
+record applies its payload as stored, the same way: ``eventbus.ops.correct``.
 """
 
 from __future__ import annotations
@@ -37,8 +36,9 @@ from eventbus.model.errors import AlreadyExists, EventBusError, InvalidEvent
 from eventbus.model.event import Event, event_from_document
 from eventbus.model.keys import canonical_json
 from eventbus.model.status import Status
+from eventbus.ops import correct
 from eventbus.processor import Located
-from eventbus.pubsub.message import MessagePublisher, build_event, message_attributes
+from eventbus.pubsub.message import MessagePublisher, message_attributes
 from eventbus.store.base import Record
 
 logger = logging.getLogger("eventbus.ops")
@@ -114,27 +114,6 @@ def build(record: Mapping[str, Any], locate: Locator) -> Message:
     return _checked(Message(data, attributes, _ordering_key(record), ""), record, locate)
 
 
-def build_with_data(record: Mapping[str, Any], body: Mapping[str, Any],
-                    locate: Locator) -> Message:
-    """Return the message that replays ``record`` with corrected event ``body``."""
-    try:
-        event = build_event(body.get("event_type", ""), body.get("entity_data", {}),
-                            entity=body.get("entity_metadata", {}),
-                            version=body.get("event_version", "v1"),
-                            direction=body.get("event_direction", "IN"))
-    except (InvalidEvent, AttributeError) as exc:
-        raise NotReplayable(f"the corrected data is not a valid event: {exc}") from None
-    original = stored_attributes(record, event)
-    attributes = _without_empty_key({**original, "event_type": event.event_type,
-                                     "event_version": event.event_version})
-    message = Message(canonical_json(event.to_document()).encode(), attributes,
-                      _ordering_key(record), "")
-    located = locate(Delivery(message.data, attributes, message_id="replay"))
-    if located.error is not None or not located.key:
-        raise NotReplayable(f"the corrected event would be refused: {located.error}")
-    return dataclasses.replace(message, key=located.key)
-
-
 def _checked(message: Message, record: Mapping[str, Any], locate: Locator) -> Message:
     key = str(record.get("idempotency_key"))
     located = locate(Delivery(message.data, message.attributes, message_id="replay"))
@@ -182,25 +161,34 @@ class Replayer:
     limit: RateLimit = dataclasses.field(default_factory=lambda: RateLimit(None))
 
     def replay(self, record: Mapping[str, Any]) -> ReplayResult:
-        """Replay one record; never raises for anything about the record."""
+        """Replay one record; never raises for anything about the record.
+
+        A ``conflict:`` record applies the conflicting payload as it was
+        stored, under its own key (``eventbus.ops.correct``).
+        """
         key = str(record.get("idempotency_key"))
         try:
+            if key.startswith("conflict:") and correct.refused(record):
+                return self.replay_with_data(record, correct.stored_payload(record))
             message = build(record, self.locate)
-        except NotReplayable as exc:
+        except (NotReplayable, InvalidEvent) as exc:
             return ReplayResult(key, "skipped", str(exc))
         return self._reopen_and_publish(key, message, reopen=True)
 
     def replay_with_data(self, record: Mapping[str, Any],
                          body: Mapping[str, Any]) -> ReplayResult:
-        """Replay an invalid record with corrected ``body``; the record keeps its original."""
+        """Run corrected ``body`` under a refused record's own key (``eventbus.ops.correct``).
+
+        Raises ``NotCorrectable`` for a record that ran (SUCCESS, in progress,
+        FAILED by its handler); any other problem is a skipped result.
+        """
         key = str(record.get("idempotency_key"))
         try:
-            message = build_with_data(record, body, self.locate)
-        except NotReplayable as exc:
+            fix = correct.correction(record, body, self.locate)
+        except InvalidEvent as exc:
             return ReplayResult(key, "skipped", str(exc))
-        same = message.key == key
-        return self._reopen_and_publish(key, message, reopen=same,
-                                        data={"new_key": message.key, "corrected": True})
+        message = Message(fix.data, fix.attributes, _ordering_key(record), fix.key)
+        return self._reopen_and_publish(key, message, reopen=False, data=fix.audit)
 
     def _reopen_and_publish(self, key: str, message: Message, *, reopen: bool,
                             data: Mapping[str, Any] | None = None) -> ReplayResult:

@@ -25,6 +25,7 @@ from eventbus.model.delivery import Delivery
 from eventbus.model.errors import ContentProblem, ForgedLink, InternalOnly, InvalidEvent
 from eventbus.model.event import Event, parse_event
 from eventbus.model.keys import (
+    REPLAY_OF,
     canonical_json,
     cascade_links,
     fingerprint_text,
@@ -87,6 +88,8 @@ class Intake:
         return Located(delivery, key, fields, event, route, root)
 
     def _key(self, event: Event, delivery: Delivery, payload: str) -> tuple[str, str]:
+        if REPLAY_OF in delivery.attributes:
+            return self._replay_key(delivery.attributes[REPLAY_OF], payload)
         links = cascade_links(delivery.attributes)
         if "parent_key" in links or "parent_key" in delivery.attributes:
             return self._child_key(delivery, links.get("parent_key", ""), payload)
@@ -108,6 +111,17 @@ class Intake:
                              "with this payload")
         assert parent is not None
         return key, str(parent.get("root_key") or parent_key)
+
+    def _replay_key(self, target: str, payload: str) -> tuple[str, str]:
+        # An operator's corrected event runs under the refused record's own
+        # key: only when that record's replay audit names this very payload.
+        record = self.store.get(target) if target else None
+        entries = (record or {}).get("replays") or []
+        if not any(isinstance(entry, Mapping) and isinstance(entry.get("data"), Mapping)
+                   and entry["data"].get("payload_fingerprint") == payload for entry in entries):
+            raise ForgedLink(f"no operator replay of {target!r} lists this payload")
+        assert record is not None
+        return target, str(record.get("root_key") or target)
 
     @staticmethod
     def refuse(delivery: Delivery, event: Event | None) -> Located:

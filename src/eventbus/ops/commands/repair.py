@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eventbus.ops import dlq
+from eventbus.ops import correct, dlq
 from eventbus.ops.commands.common import (
     Tools,
     UsageError,
@@ -34,7 +34,8 @@ def add(commands: Any) -> None:
     add_filters(replay)
     replay.add_argument("--why", default="", help="the reason, kept in the audit entry")
     replay.add_argument("--data", type=Path,
-                        help="corrected event JSON for one event stored as invalid")
+                        help="corrected event JSON for one refused event (invalid, unknown type "
+                             "or version, conflict): it runs under that event's own key")
     replay.add_argument("--dry-run", action="store_true", help="list what would be replayed")
     replay.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     replay.add_argument("--rate", type=rate, default=5.0,
@@ -146,6 +147,10 @@ def _replay_with_data(args: argparse.Namespace, tools: Tools, records: list[Reco
     if len(records) != 1 or not args.keys:
         raise UsageError("--data replays exactly one event, given by its key")
     body = _corrected(args.data)
+    try:
+        correct.check_correctable(records[0])
+    except correct.NotCorrectable as exc:
+        raise UsageError(str(exc)) from None
     if args.dry_run:
         tools.emit({"dry_run": True, "keys": [records[0]["idempotency_key"]]},
                    f"would replay {safe(records[0]['idempotency_key'])} with {args.data}", args)

@@ -9,7 +9,9 @@ from urllib.parse import urlsplit
 
 import flask
 
-from eventbus.model.errors import Forbidden, Unauthenticated
+from eventbus.model.errors import Forbidden, InvalidEvent, Unauthenticated
+from eventbus.model.event import json_object
+from eventbus.ops import correct
 from eventbus.ops import operations as ops
 from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import RateLimit, Replayer, ReplayResult, fetch, replayable
@@ -180,9 +182,11 @@ def confirm() -> Any:
         return _refused(403, "this console is read-only")
     records, title = _chosen(flask.request.args)
     chosen = [r for r in records if replayable(r)]
-    return flask.render_template("confirm.html", records=chosen, title=title,
-                                 key=flask.request.args.get("key", ""),
-                                 group=flask.request.args.get("group", ""))
+    key = flask.request.args.get("key", "")
+    editable = key and len(chosen) == 1 and correct.refused(chosen[0])
+    return flask.render_template("confirm.html", records=chosen, title=title, key=key,
+                                 group=flask.request.args.get("group", ""),
+                                 correction=_draft(chosen[0]) if editable else None)
 
 
 @blueprint.post("/replay")
@@ -194,9 +198,35 @@ def replay() -> Any:
     if not _same_origin() or not csrf_valid(config.secret, flask.g.operator, form.get("csrf")):
         return _refused(403, "the replay form is missing its CSRF token or came from elsewhere")
     records, title = _chosen(form)
-    results = _replay([r for r in records if replayable(r)][:MAX_REPLAY],
-                      form.get("why", "") or "replayed from the console")
+    why = form.get("why", "") or "replayed from the console"
+    if form.get("data") is not None and form.get("key"):
+        return _replay_corrected(records, form["data"], why, title)
+    results = _replay([r for r in records if replayable(r)][:MAX_REPLAY], why)
     return flask.render_template("replayed.html", results=results, title=title)
+
+
+def _draft(record: Mapping[str, Any]) -> str:
+    """The text the correction form starts from: the refused payload as it was kept."""
+    raw = record.get("raw_payload")
+    return raw if isinstance(raw, str) else to_json({name: record.get(name) for name in (
+        "event_type", "event_version", "entity_metadata", "entity_data")})
+
+
+def _replay_corrected(records: list[dict[str, Any]], text: str, why: str,
+                      title: str) -> Any:
+    """Edit and retry (``eventbus.ops.correct``): the corrected event under the record's key."""
+    if len(records) != 1:
+        return _refused(404, "no such event")
+    try:
+        body = json_object(text.encode("utf-8", "surrogatepass"))
+    except InvalidEvent as exc:
+        return _refused(400, f"the corrected event is not readable JSON: {exc}")
+    worker = _replayer(why)
+    try:
+        result = worker.replay_with_data(records[0], body)
+    except correct.NotCorrectable as exc:
+        return _refused(409, str(exc))
+    return flask.render_template("replayed.html", results=[result], title=title)
 
 
 def _same_origin() -> bool:
@@ -220,8 +250,12 @@ def _chosen(args: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
     return records, f"group {group.id}: {group.event_type} {group.error_type}"
 
 
-def _replay(records: list[dict[str, Any]], why: str) -> list[ReplayResult]:
+def _replayer(why: str) -> Replayer:
     app = console()
-    worker = Replayer(app.store, app.publisher(), app.now, by=str(flask.g.operator), why=why,
-                      locate=app.locate, limit=RateLimit(app.config.replay_rate))
+    return Replayer(app.store, app.publisher(), app.now, by=str(flask.g.operator), why=why,
+                    locate=app.locate, limit=RateLimit(app.config.replay_rate))
+
+
+def _replay(records: list[dict[str, Any]], why: str) -> list[ReplayResult]:
+    worker = _replayer(why)
     return [worker.replay(record) for record in records]
