@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import threading
 import time
+import urllib.request
 from typing import Any
 
+import flask
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -15,6 +19,7 @@ from cryptography.x509.oid import NameOID
 from flask.testing import FlaskClient
 from google.auth import crypt, jwt
 
+from eventbus.ops import cli
 from eventbus.settings import SettingsError
 from eventbus.web.console import ConsoleConfig, create_console_app, mount_console
 from eventbus.web.console.auth import COOKIE, IAP_HEADER, IAP_ISSUER
@@ -268,3 +273,87 @@ def test_a_refused_event_is_corrected_in_the_form_and_runs_under_its_own_key(bus
     record = bus.store.get(typo.key) or {}
     assert record["event_type"] == "OR_MGMT" and record["rejections"][0]["event_type"] == "OR_MGTM"
     assert record["replays"][0]["by"] == "local operator"
+
+
+# -- `eventbus console` honours EVENTBUS_CONSOLE_AUTH ----------------------------------------
+
+def served(bus: Bus, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, str, Any]:
+    """Run `eventbus console`; return its exit code, output and the app it would serve."""
+    apps: list[Any] = []
+    monkeypatch.setattr("eventbus.web.console.serve", lambda app, host, port: apps.append(app))
+    # The app outlives bus.run's own patches: keep its store and publisher for the test.
+    monkeypatch.setattr(cli, "open_store", lambda settings: bus.store)
+    monkeypatch.setattr(cli, "publisher", lambda settings, timeout=30.0: bus.publisher)
+    code, out, err = bus.run("console", *argv)
+    return code, out, err, apps[0] if apps else None
+
+
+def test_the_console_command_serves_iap_identities_only(bus: Bus,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    key = bus.deliver(mode="permanent", orderId=1, tag="cli-iap").key
+    monkeypatch.setenv("EVENTBUS_CONSOLE_AUTH", "iap")
+    monkeypatch.setenv("EVENTBUS_CONSOLE_AUDIENCE", AUDIENCE)
+    monkeypatch.setenv("EVENTBUS_CONSOLE_OPERATORS", OPERATOR)
+    monkeypatch.setenv("EVENTBUS_CONSOLE_TOKEN", TOKEN)
+    monkeypatch.setattr("eventbus.web.console.auth.fetch_certs", lambda url: IAP_CERTS)
+    code, out, _, app = served(bus, monkeypatch, "--host", "0.0.0.0")
+    assert code == 0 and TOKEN not in out and "?token" not in out
+    browser, url = app.test_client(), "https://console.example.com"
+    assert browser.get(f"/?token={TOKEN}", base_url=f"http://{HOST}").status_code == 401
+    headers = {IAP_HEADER: iap()}
+    assert browser.get("/", base_url=url, headers=headers).status_code == 200
+    confirm = browser.get(f"/replay?key={key}", base_url=url, headers=headers)
+    csrf = confirm.get_data(as_text=True).split('name="csrf" value="')[1].split('"')[0]
+    assert browser.post("/replay", base_url=url, headers=headers,
+                        data={"key": key, "csrf": csrf}).status_code == 200
+    assert bus.store.get(key)["replays"][0]["by"] == OPERATOR
+
+
+@pytest.mark.parametrize(("env", "argv"), [
+    ({"EVENTBUS_CONSOLE_AUTH": "saml"}, ()),
+    ({"EVENTBUS_CONSOLE_AUTH": "iap", "EVENTBUS_CONSOLE_AUDIENCE": AUDIENCE}, ()),
+    ({"EVENTBUS_CONSOLE_AUTH": "oidc", "EVENTBUS_CONSOLE_OPERATORS": OPERATOR}, ()),
+    ({}, ("--host", "0.0.0.0")),
+])
+def test_a_console_auth_it_cannot_honour_refuses_to_start(
+        bus: Bus, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+        argv: tuple[str, ...]) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, _, err, app = served(bus, monkeypatch, *argv)
+    assert code == 2 and app is None and len(err.strip().splitlines()) == 1
+
+
+def test_the_local_console_records_the_operator_and_logs_no_token(
+        bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVENTBUS_CONSOLE_TOKEN", TOKEN)
+    code, out, _, app = served(bus, monkeypatch)
+    assert code == 0 and TOKEN not in out and "?token=<EVENTBUS_CONSOLE_TOKEN>" in out
+    key = bus.deliver(mode="permanent", orderId=1, tag="cli-local").key
+    browser = app.test_client()
+    assert get(browser, f"/?token={TOKEN}").status_code == 302
+    confirm = get(browser, "/replay", query_string={"key": key}).get_data(as_text=True)
+    csrf = confirm.split('name="csrf" value="')[1].split('"')[0]
+    browser.post("/replay", data={"key": key, "csrf": csrf}, base_url=f"http://{HOST}")
+    assert bus.store.get(key)["replays"][0]["by"] == "ops@example.com"  # EVENTBUS_OPERATOR
+
+
+def test_werkzeug_access_lines_never_carry_the_token(caplog: pytest.LogCaptureFixture) -> None:
+    from werkzeug.serving import make_server
+
+    from eventbus.web.console.serving import RedactingHandler
+
+    app = flask.Flask("probe")
+    app.add_url_rule("/", "home", lambda: "ok")
+    server = make_server("127.0.0.1", 0, app, request_handler=RedactingHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    caplog.set_level(logging.INFO, "werkzeug")
+    logging.getLogger("werkzeug").addHandler(caplog.handler)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/?a=1&token={TOKEN}") as r:
+            assert r.status == 200
+    finally:
+        logging.getLogger("werkzeug").removeHandler(caplog.handler)
+        server.shutdown()
+    assert "GET /?a=1&token=*** HTTP" in caplog.text and TOKEN not in caplog.text

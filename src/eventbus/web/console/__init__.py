@@ -52,6 +52,8 @@ class ConsoleConfig:
     replay_rate: float = 5.0
     hours: int = 24
     certs: CertsFetcher | None = None
+    local_operator: str = "local operator"
+    """Who replays from the ``local`` console are recorded as (``EVENTBUS_OPERATOR``)."""
     secret: bytes = dataclasses.field(default_factory=lambda: secrets.token_bytes(32))
 
     def __post_init__(self) -> None:
@@ -99,10 +101,15 @@ def mount_console(app: flask.Flask, config: ConsoleConfig, *, url_prefix: str = 
 
 
 def serve(app: flask.Flask, host: str, port: int) -> None:
-    """Serve ``app`` with Werkzeug's threaded server until interrupted (``eventbus console``)."""
+    """Serve ``app`` with Werkzeug's threaded server until interrupted (``eventbus console``).
+
+    Its access lines go through ``RedactingHandler``: the token never reaches a log.
+    """
     from werkzeug.serving import run_simple
 
-    run_simple(host, port, app, threaded=True)
+    from eventbus.web.console.serving import RedactingHandler
+
+    run_simple(host, port, app, threaded=True, request_handler=RedactingHandler)
 
 
 def _console(store: Any, config: ConsoleConfig, settings: Settings | None,

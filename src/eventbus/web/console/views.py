@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import flask
 
-from eventbus.model.errors import Forbidden, InvalidEvent, Unauthenticated
+from eventbus.model.errors import Forbidden, InvalidEvent, PublishError, Unauthenticated
 from eventbus.model.event import json_object
 from eventbus.ops import correct
 from eventbus.ops import operations as ops
@@ -80,7 +80,7 @@ def _local() -> Any:
     if not same_token(request.cookies.get(COOKIE), token):
         raise Unauthenticated("open the console with the URL `eventbus console` printed "
                               "(it carries ?token=)")
-    flask.g.operator = "local operator"
+    flask.g.operator = console().config.local_operator
     return None
 
 
@@ -199,9 +199,12 @@ def replay() -> Any:
         return _refused(403, "the replay form is missing its CSRF token or came from elsewhere")
     records, title = _chosen(form)
     why = form.get("why", "") or "replayed from the console"
-    if form.get("data") is not None and form.get("key"):
-        return _replay_corrected(records, form["data"], why, title)
-    results = _replay([r for r in records if replayable(r)][:MAX_REPLAY], why)
+    try:
+        if form.get("data") is not None and form.get("key"):
+            return _replay_corrected(records, form["data"], why, title)
+        results = _replay([r for r in records if replayable(r)][:MAX_REPLAY], why)
+    except PublishError as exc:  # no publisher here (credentials, project): say so
+        return _refused(503, f"nothing was replayed: {exc}")
     return flask.render_template("replayed.html", results=results, title=title)
 
 
