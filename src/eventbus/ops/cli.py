@@ -37,19 +37,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 from eventbus.model.errors import EventBusError, InvalidEvent, PublishError
 from eventbus.model.event import Event
 from eventbus.model.keys import record_key, rejected_key
 from eventbus.model.status import Status
-from eventbus.ops import cascade, dotenv
+from eventbus.ops import cascade, dotenv, jsonfile
 from eventbus.ops.commands import console, queries, repair, sweepers
 from eventbus.ops.commands.common import Tools, UsageError
 from eventbus.ops.config import OpsSettings
@@ -74,13 +72,9 @@ class InputError(Exception):
 def load_specs(source: str) -> list[dict[str, Any]]:
     """Read event specs from a path, or from stdin when ``source`` is ``-``."""
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {source}: {exc}") from None
-    try:
-        loaded = json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"{source} is not JSON: {exc}") from None
+        loaded = jsonfile.loads(jsonfile.read_text(source), source)
+    except jsonfile.Unreadable as exc:
+        raise InputError(str(exc)) from None
     specs = loaded if isinstance(loaded, list) else [loaded]
     if not specs:
         raise InputError(f"{source} holds an empty list: nothing to publish")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eventbus.ops import correct, dlq
+from eventbus.ops import correct, dlq, jsonfile
 from eventbus.ops.commands.common import (
     Tools,
     UsageError,
@@ -58,11 +57,12 @@ def add(commands: Any) -> None:
 
 def cmd_replay(args: argparse.Namespace, tools: Tools) -> int:
     """Replay by key, group or filter: dry run, confirmation, rate limit, progress."""
+    body = _corrected(args.data) if args.data is not None else None  # before the store
     records, missing = select(args, tools)
     for key in missing:
         print(f"eventbus: no event with idempotency key {safe(key)!r}", file=tools.err)
-    if args.data is not None:
-        return _replay_with_data(args, tools, records)
+    if body is not None:
+        return _replay_with_data(args, tools, records, body)
     chosen = [record for record in records if replayable(record)]
     for record in records:
         if not replayable(record):
@@ -143,10 +143,10 @@ def _report(args: argparse.Namespace, tools: Tools, results: list[ReplayResult])
                f"{text}\n\n{done} of {len(results)} replayed", args)
 
 
-def _replay_with_data(args: argparse.Namespace, tools: Tools, records: list[Record]) -> int:
+def _replay_with_data(args: argparse.Namespace, tools: Tools, records: list[Record],
+                      body: Mapping[str, Any]) -> int:
     if len(records) != 1 or not args.keys:
         raise UsageError("--data replays exactly one event, given by its key")
-    body = _corrected(args.data)
     try:
         correct.check_correctable(records[0])
     except correct.NotCorrectable as exc:
@@ -162,9 +162,9 @@ def _replay_with_data(args: argparse.Namespace, tools: Tools, records: list[Reco
 
 def _corrected(path: Path) -> Mapping[str, Any]:
     try:
-        body = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
+        body = jsonfile.loads(jsonfile.read_text(str(path)), str(path))
+    except jsonfile.Unreadable as exc:
+        raise UsageError(str(exc)) from None
     if not isinstance(body, dict):
         raise UsageError(f"{path} must hold one event object")
     return body
