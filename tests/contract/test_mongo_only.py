@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from pymongo import MongoClient, monitoring
 from pymongo.database import Database
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import AutoReconnect, DuplicateKeyError, PyMongoError
 
 from eventbus.model.errors import AlreadyExists, LeaseHeld, StoreUnavailable
 from eventbus.settings import Settings
-from eventbus.store.base import OutboxEntry
+from eventbus.store.base import Finish, OutboxEntry
 from eventbus.store.mongo import INDEXES, OUTBOX_INDEX, MongoEventStore
 from eventbus.store.roundtrips import RoundTrips
 from tests.contract.conftest import ERROR, FIELDS, LEASE, mongo_settings, new_key
@@ -356,3 +356,38 @@ class TestUnavailable:
             calls[call]()
         assert time.monotonic() - started < 3
         assert isinstance(raised.value.__cause__, PyMongoError)
+
+
+class TestBatchOutage:
+    """A store outage in the middle of a batch: the whole batch is transient, nothing half-done."""
+
+    def test_a_batch_against_a_down_store_is_unavailable(self) -> None:
+        down = MongoEventStore.from_settings(Settings(
+            mongodb_uri="mongodb://127.0.0.1:1/", mongodb_db="db", store_timeout_ms=300))
+        now = datetime.now(UTC)
+        with pytest.raises(StoreUnavailable):
+            down.claim_many({new_key(): FIELDS}, now)
+        with pytest.raises(StoreUnavailable):
+            down.finish_many([Finish(new_key(), "owner")], now)
+        with pytest.raises(StoreUnavailable):
+            down.renew_many({new_key(): "owner"}, now)
+        down.close()
+
+    def test_a_claim_that_dies_before_its_read_leaves_leases_that_expire(
+            self, store: MongoEventStore, now: datetime) -> None:
+        # The bulk claim was written, the read that follows failed: the worker
+        # nacks the batch; the records are PROCESSING under a lease that
+        # expires, then any worker takes them again.
+        class ReadFails(_DuplicateFirst):
+            def find(self, *args: Any, **kwargs: Any) -> Any:
+                raise AutoReconnect("connection lost mid-batch")
+
+        broken = MongoEventStore(ReadFails(store.collection, 0), created_by="svc",
+                                 retention=timedelta(days=1), lease=LEASE)
+        keys = [new_key(), new_key()]
+        with pytest.raises(StoreUnavailable):
+            broken.claim_many(dict.fromkeys(keys, FIELDS), now)
+        later = now + LEASE + timedelta(seconds=1)
+        again = store.claim_many(dict.fromkeys(keys, FIELDS), later)
+        assert set(again.taken) == set(keys)
+        assert {claim.attempt for claim in again.taken.values()} == {2}

@@ -2,7 +2,7 @@
 
 * ``eventbus/model/`` is pure: the standard library, ``eventbus.model`` and
   ``eventbus.settings`` only (imports under ``if TYPE_CHECKING:`` are types, not code);
-* only ``eventbus/store/mongo.py`` and ``eventbus/store/roundtrips.py`` import pymongo or bson;
+* only ``eventbus/store/mongo.py``, ``mongo_batch.py`` and ``roundtrips.py`` import pymongo or bson;
 * only ``eventbus/web/`` imports Flask (or Werkzeug);
 * only ``eventbus/store/`` touches a collection (``.collection``, ``find_one``, ``update_one``...);
 * ``import eventbus`` (and the test bus) works where neither Flask nor pymongo is installed.
@@ -24,7 +24,8 @@ PACKAGE = SRC / "eventbus"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 PYMONGO = ("pymongo", "bson", "gridfs", "motor")
-PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/roundtrips.py"}
+PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/mongo_batch.py",
+                   "eventbus/store/roundtrips.py"}
 FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 COLLECTION_METHODS = frozenset({

@@ -38,6 +38,31 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
+class BatchClaim:
+    """What ``claim_many`` did: the keys it took, and every other key's record as it stands."""
+
+    taken: dict[str, Claim]
+    """Key → the claim taken on it (one owner for the whole batch)."""
+    records: dict[str, Record]
+    """Key → its record, for the keys not taken (a duplicate, a conflict, held elsewhere)."""
+    refused: frozenset[str] = frozenset()
+    """Keys whose fields the store refused for their content (``ContentRejected`` for one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finish:
+    """One outcome to store with ``finish_many``: SUCCESS with children, or FAILED."""
+
+    key: str
+    owner: str
+    outbox: tuple[Mapping[str, Any], ...] = ()
+    error: Mapping[str, Any] | None = None
+    """None for SUCCESS; the error document for FAILED."""
+    retryable: bool = False
+    redrive_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class OutboxEntry:
     """One child waiting in its parent's outbox, addressed by the parent and its index."""
 
@@ -98,6 +123,23 @@ class EventStore(Protocol):
 
     def get(self, key: str) -> Record | None:
         """Return the record of ``key``, or None."""
+        ...
+
+    # -- batches (the pull worker) ------------------------------------------------------
+    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
+        """Claim every key of ``items`` (key → ``fields`` as for ``claim``) at once.
+
+        The rules are ``claim``'s, key by key; the keys taken share one owner.
+        Raises ``StoreUnavailable`` when the store cannot be asked at all.
+        """
+        ...
+
+    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> set[str]:
+        """Store every outcome at once; return the keys whose lease was lost (not stored)."""
+        ...
+
+    def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the leases of ``owners`` (key → owner) at once; return the keys still held."""
         ...
 
     # -- store-driven redrive -----------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
 
 
@@ -36,7 +37,7 @@ def _keep_rejection(record: Record) -> None:
         record.pop(name, None)
 
 
-class MemoryEventStore(MemoryOperatorMixin):
+class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin):
     """The store primitives on a dict; safe to share between threads."""
 
     def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",
@@ -62,6 +63,9 @@ class MemoryEventStore(MemoryOperatorMixin):
 
     def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
         """Take the lease on ``key``, or raise ``AlreadyExists`` with the unchanged record."""
+        return self._claim(key, fields, now, uuid.uuid4().hex)
+
+    def _claim(self, key: str, fields: Mapping[str, Any], now: datetime, owner: str) -> Claim:
         now = documents.bson_time(now)
         with self._lock:
             previous = self._events.get(key)
@@ -70,7 +74,6 @@ class MemoryEventStore(MemoryOperatorMixin):
                 raise Conflict(copy.deepcopy(previous or {}))
             if previous is not None and not documents.claimable(previous, now, fingerprint):
                 raise AlreadyExists(copy.deepcopy(previous))
-            owner = uuid.uuid4().hex
             attempt = documents.next_attempt(previous)
             self._events[key] = self._taken(key, previous, fields, now, owner, attempt)
         return Claim(attempt=attempt, owner=owner, previous=copy.deepcopy(previous))

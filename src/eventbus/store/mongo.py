@@ -36,6 +36,7 @@ from eventbus.model.errors import (
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.mongo_batch import MongoBatchMixin
 from eventbus.store.mongo_ops import MongoOperatorMixin
 from eventbus.store.roundtrips import RoundTrips
 
@@ -91,7 +92,7 @@ CONTENT_ERROR_CODES = documents.CONTENT_ERROR_CODES
 """Server error codes that mean "this content cannot be stored" (``documents.refuses_content``)."""
 
 
-class MongoEventStore(MongoOperatorMixin):
+class MongoEventStore(MongoBatchMixin, MongoOperatorMixin):
     """The storage primitives of the idempotency state machine, on one collection."""
 
     def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,

@@ -1,0 +1,158 @@
+"""The batch primitives on MongoDB: a mixin ``MongoEventStore`` inherits.
+
+Write shapes (measured in ``bench/pull.py``; on the local store the write
+shape, not the round trip, sets the ceiling):
+
+* ``claim_many``: one unordered ``bulk_write`` of the claim's own update
+  pipeline as an upsert per key (the rules stay in one place,
+  ``documents.claim_pipeline``), all under one batch owner, then one ``find``
+  of the keys: a record carrying the batch's owner was taken by this batch,
+  any other is a duplicate, a conflict or held elsewhere. Two round trips
+  per batch, whatever its size. A bulk upsert's result names the inserted
+  keys but not which existing ones it took, hence the ``find``.
+* ``finish_many``: one unordered ``bulk_write`` of the owner-checked finishes.
+  When fewer matched than were sent (a lease was lost), one ``find`` tells
+  which: a record finished by this call carries this call's stamp.
+* ``renew_many``: one ``update_many`` over the keys with the batch's owner,
+  and a ``find`` only when fewer were held than asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo import UpdateMany, UpdateOne
+from pymongo.errors import BulkWriteError
+
+from eventbus.store import documents
+from eventbus.store.base import BatchClaim, Claim, Finish, Record
+
+DUPLICATE_KEY = 11000
+CONTENT_ERROR_CODES = documents.CONTENT_ERROR_CODES
+
+
+@contextlib.contextmanager
+def _unavailable(action: str) -> Iterator[None]:
+    from eventbus.store.mongo import _unavailable as wrap  # bound late: mongo imports us
+
+    with wrap(action, "batch"):
+        yield
+
+
+class MongoBatchMixin:
+    """``claim_many``, ``finish_many`` and ``renew_many`` on MongoDB."""
+
+    _collection: Any
+    _created_by: str
+    _retention: timedelta
+    _lease: timedelta
+
+    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
+        """Claim every key at once (``EventStore.claim_many``): two round trips."""
+        now, owner = documents.bson_time(now), uuid.uuid4().hex
+        writes = [UpdateOne(documents.key_filter(key), documents.claim_pipeline(
+            fields, now, owner=owner, lease=self._lease, created_by=self._created_by,
+            retention=self._retention), upsert=True) for key, fields in items.items()]
+        keys = list(items)
+        with _unavailable("claim batch"):
+            _, refused = _bulk(self._collection, writes)
+            found = self._collection.find({"idempotency_key": {"$in": keys}})
+            records = {str(record["idempotency_key"]): record for record in found}
+        claimed = _split(records, owner)
+        return BatchClaim(claimed.taken, claimed.records,
+                          frozenset(keys[index] for index in refused))
+
+    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> set[str]:
+        """Store every outcome at once; return the keys whose lease was lost."""
+        if not finishes:
+            return set()
+        stamp = documents.epoch_ms(now)
+        writes = [UpdateOne(documents.owner_filter(f.key, f.owner), _finish_update(f, now))
+                  for f in finishes]
+        with _unavailable("finish batch"):
+            matched, refused = _bulk(self._collection, writes)
+            if refused:  # children the store cannot hold: FAILED for good, as for one event
+                matched += self._refuse(finishes, refused, now)
+            if matched == len(finishes):
+                return set()
+            return self._not_finished(finishes, stamp)
+
+    def _refuse(self, finishes: Sequence[Finish], refused: set[int], now: datetime) -> int:
+        error = {"type": "ContentRejected", "classification": "content",
+                 "message": "finish: the store refused the content (the children)"}
+        writes = [UpdateOne(documents.owner_filter(finishes[i].key, finishes[i].owner),
+                            documents.fail_update(now, error, retryable=False))
+                  for i in sorted(refused)]
+        return _bulk(self._collection, writes)[0]
+
+    def _not_finished(self, finishes: Sequence[Finish], stamp: str) -> set[str]:
+        keys = [finish.key for finish in finishes]
+        found = {str(r["idempotency_key"]): r for r in self._collection.find(
+            {"idempotency_key": {"$in": keys}},
+            {"idempotency_key": 1, "lastUpdatedTime": 1, "lease_owner": 1})}
+        return {key for key in keys if found.get(key, {}).get("lastUpdatedTime") != stamp
+                or "lease_owner" in found.get(key, {})}
+
+    def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend every lease still held at once; return those keys."""
+        if not owners:
+            return set()
+        update = documents.renew_update(now, self._lease)
+        by_owner: dict[str, list[str]] = {}
+        for key, owner in owners.items():
+            by_owner.setdefault(owner, []).append(key)
+        writes = [UpdateMany({"idempotency_key": {"$in": keys}, "lease_owner": owner,
+                              "event_status": documents.PROCESSING}, update)
+                  for owner, keys in by_owner.items()]
+        with _unavailable("renew batch"):
+            if _bulk(self._collection, writes)[0] == len(owners):
+                return set(owners)
+            held = self._collection.find({"idempotency_key": {"$in": list(owners)},
+                                          "event_status": documents.PROCESSING},
+                                         {"idempotency_key": 1, "lease_owner": 1})
+            return {str(r["idempotency_key"]) for r in held
+                    if owners.get(str(r["idempotency_key"])) == r.get("lease_owner")}
+
+
+def _bulk(collection: Any, writes: list[Any]) -> tuple[int, set[int]]:
+    """Run ``writes`` unordered; return how many matched and which (by index) the store refused.
+
+    A lost upsert race (two workers inserting one new key) is not an error: the
+    read that follows says who took the key. Content the store refuses is
+    reported by index; anything else raises.
+    """
+    if not writes:
+        return 0, set()
+    try:
+        result = collection.bulk_write(writes, ordered=False)
+    except BulkWriteError as exc:
+        errors = exc.details["writeErrors"]
+        refused = {int(e["index"]) for e in errors if e.get("code") in CONTENT_ERROR_CODES}
+        if any(e.get("code") != DUPLICATE_KEY and int(e["index"]) not in refused
+               for e in errors):
+            raise
+        return int(exc.details.get("nMatched", 0)), refused
+    return int(result.matched_count), set()
+
+
+def _split(records: dict[str, Record], owner: str) -> BatchClaim:
+    taken, others = {}, {}
+    for key, record in records.items():
+        if record.get("lease_owner") == owner and \
+                record.get("event_status") == documents.PROCESSING:
+            taken[key] = Claim(attempt=int(record.get("attempts") or 1), owner=owner,
+                               previous=record)
+        else:
+            others[key] = record
+    return BatchClaim(taken, others)
+
+
+def _finish_update(finish: Finish, now: datetime) -> dict[str, Any]:
+    if finish.error is None:
+        return documents.succeed_update(now, finish.outbox)
+    return documents.fail_update(now, finish.error, retryable=finish.retryable,
+                                 redrive_at=finish.redrive_at)
