@@ -49,13 +49,14 @@ from eventbus.model.keys import record_key, rejected_key
 from eventbus.model.status import Status
 from eventbus.ops import cascade, dotenv, jsonfile
 from eventbus.ops.commands import console, queries, repair, sweepers
-from eventbus.ops.commands.common import Tools, UsageError
+from eventbus.ops.commands.common import Tools, UsageError, load_app, positive
 from eventbus.ops.config import OpsSettings
 from eventbus.ops.render import safe
 from eventbus.outbox.relay import Relay, RelayReport
 from eventbus.pubsub.message import MessagePublisher, build_event, build_message
 from eventbus.settings import Settings, SettingsError
 from eventbus.store.base import EventStore
+from eventbus.workers import command as worker
 
 TERMINAL = (Status.SUCCESS, Status.FAILED)
 PROGRESS_EVERY = 100
@@ -298,6 +299,7 @@ def parser() -> argparse.ArgumentParser:
     trace_.set_defaults(run=cmd_trace)
     for module in (queries, repair, console, sweepers):
         module.add(commands)
+    worker.add(commands, positive, load_app)
     return root
 
 

@@ -4,6 +4,7 @@
 | --- | --- | --- |
 | ``PUBSUB_SUBSCRIPTION`` | ``<topic>-push`` | push subscription (``retries`` shows its policy) |
 | ``PUBSUB_DEAD_LETTER_SUBSCRIPTION`` | ``<topic>-dlq-pull`` | what ``dlq drain`` pulls |
+| ``EVENTBUS_PULL_SUBSCRIPTION`` | ``<topic>-pull`` | what ``eventbus worker`` pulls |
 | ``EVENTBUS_APP`` | empty | ``MODULE:ATTR`` of the service app (its router places messages) |
 | ``EVENTBUS_OPERATOR`` | ``$USER`` | who a replay from the command line is recorded as |
 | ``EVENTBUS_REPLAY_CONFIRM_ABOVE`` | ``10`` | replays of more events ask for confirmation |
@@ -38,6 +39,7 @@ class OpsSettings:
 
     subscription: str = ""
     dead_letter_subscription: str = ""
+    pull_subscription: str = ""
     app: str = ""
     operator: str = ""
     replay_confirm_above: int = 10
@@ -57,6 +59,7 @@ class OpsSettings:
         return dataclasses.replace(
             read,
             subscription=read.subscription or f"{settings.topic}-push",
+            pull_subscription=read.pull_subscription or f"{settings.topic}-pull",
             dead_letter_subscription=(read.dead_letter_subscription
                                       or f"{settings.dead_letter_topic or settings.topic + '-dlq'}"
                                          "-pull"),
@@ -66,6 +69,7 @@ class OpsSettings:
 SOURCES: dict[str, tuple[str, Parser]] = {
     "subscription": ("PUBSUB_SUBSCRIPTION", parse_str),
     "dead_letter_subscription": ("PUBSUB_DEAD_LETTER_SUBSCRIPTION", parse_str),
+    "pull_subscription": ("EVENTBUS_PULL_SUBSCRIPTION", parse_str),
     "app": ("EVENTBUS_APP", parse_str),
     "operator": ("EVENTBUS_OPERATOR", parse_str),
     "replay_confirm_above": ("EVENTBUS_REPLAY_CONFIRM_ABOVE", parse_int),

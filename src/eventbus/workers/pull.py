@@ -1,0 +1,209 @@
+"""The pull worker: StreamingPull into batches, each processed as push would, then acked or nacked.
+
+**Subscriber.** google-cloud-pubsub's ``SubscriberClient.subscribe``
+(StreamingPull) with ``FlowControl(max_messages, max_bytes)``: the library
+keeps a stream open, extends the ack deadline of every message it holds (so a
+long batch never hits the ack deadline), and calls back per message; the
+callback only queues it (``Inbox``). StreamingPull was chosen over unary pull
+because the library's lease management, flow control and exactly-once
+acknowledgements come with it, and a batch is formed from the queue anyway.
+
+**Loop.** Take up to ``batch_size`` messages (waiting at most ``batch_wait``
+for the batch to fill once one has arrived), wait for the rate limit, run the
+batch (``eventbus.workers.batch``), then ack what push would answer 2xx
+(processed, duplicate, rejected, conflict) and nack the rest (retry,
+unavailable, lease lost, in progress): Pub/Sub redelivers with its backoff,
+and the store's redrive is the backstop, exactly as for push.
+
+**Exactly-once.** On a subscription with exactly-once delivery, acks go
+through ``ack_with_response``; a failed ack is logged and counted, never
+retried by hand (the record already protects the effect: a redelivery is a
+duplicate).
+
+**Shutdown.** ``stop()`` (SIGTERM) stops pulling, finishes the batch in
+flight, acks or nacks it, nacks what is queued but not started, and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from eventbus.model.delivery import Delivery
+from eventbus.processor import Result
+from eventbus.workers.batch import BatchRunner
+from eventbus.workers.metrics import WorkerMetrics
+from eventbus.workers.rate import RateLimit
+
+logger = logging.getLogger("eventbus.worker")
+request_log = logging.getLogger("eventbus.request")
+
+
+class PulledMessage(Protocol):
+    """What the worker needs of a pulled message (google-cloud-pubsub's ``Message``)."""
+
+    data: bytes
+    attributes: Any
+    message_id: str
+    ordering_key: str
+    delivery_attempt: int | None
+
+    def ack(self) -> None:
+        """Acknowledge."""
+
+    def nack(self) -> None:
+        """Ask for redelivery."""
+
+    def ack_with_response(self) -> Any:
+        """Acknowledge on an exactly-once subscription; a future of the result."""
+
+
+class Inbox:
+    """The queue between the subscriber's callback threads and the batch loop."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[PulledMessage] = queue.Queue()
+
+    def put(self, message: PulledMessage) -> None:
+        """The subscriber's callback: queue the message, never block."""
+        self._queue.put(message)
+
+    def take(self, size: int, wait: float, stop: threading.Event,
+             monotonic: Callable[[], float] = time.monotonic) -> list[PulledMessage]:
+        """Up to ``size`` messages: block for the first (until ``stop``), then ``wait`` more."""
+        first = self._first(stop)
+        if first is None:
+            return []
+        batch, deadline = [first], monotonic() + wait
+        while len(batch) < size:
+            remaining = deadline - monotonic()
+            try:
+                batch.append(self._queue.get(timeout=max(remaining, 0)) if remaining > 0
+                             else self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _first(self, stop: threading.Event) -> PulledMessage | None:
+        while not stop.is_set():
+            try:
+                return self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        return None
+
+    def drain(self) -> list[PulledMessage]:
+        """Everything queued now (at shutdown: nacked, never started)."""
+        left = []
+        while True:
+            try:
+                left.append(self._queue.get_nowait())
+            except queue.Empty:
+                return left
+
+
+@dataclass
+class Counters:
+    """What the worker did, for logs, telemetry and tests."""
+
+    batches: int = 0
+    acked: int = 0
+    nacked: int = 0
+    failed_acks: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class PullWorker:
+    """Runs batches from an ``Inbox`` until ``stop()``; see the module docstring."""
+
+    def __init__(self, runner: BatchRunner, inbox: Inbox, *, subscription: str,
+                 batch_size: int = 100, batch_wait: float = 0.05,
+                 rate: RateLimit | None = None, exactly_once: bool = False,
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.runner, self.inbox, self.subscription = runner, inbox, subscription
+        self.metrics = metrics or WorkerMetrics(None)
+        self.batch_size, self.batch_wait = batch_size, batch_wait
+        self.rate = rate or RateLimit(None)
+        self.exactly_once = exactly_once
+        self.stopping = threading.Event()
+        self.counters = Counters()
+
+    def stop(self) -> None:
+        """Stop taking batches; the one in flight is finished and answered."""
+        self.stopping.set()
+
+    def run(self) -> Counters:
+        """Process batches until ``stop()``; then nack what is queued but not started."""
+        while not self.stopping.is_set():
+            batch = self.inbox.take(self.batch_size, self.batch_wait, self.stopping)
+            if batch:
+                self.run_batch(batch)
+        for message in self.inbox.drain():
+            message.nack()
+            self.counters.nacked += 1
+        return self.counters
+
+    def run_batch(self, batch: Sequence[PulledMessage]) -> list[Result]:
+        """Process one batch and answer each message."""
+        self.rate.wait(len(batch))
+        started = time.perf_counter()
+        results = self.runner.run([self.delivery(m) for m in batch])
+        for message, result in zip(batch, results, strict=True):
+            self._answer(message, result, time.perf_counter() - started)
+        self.counters.batches += 1
+        stats = self.runner.last
+        self.metrics.batch(stats.size, stats.claim_seconds, stats.finish_seconds)
+        logger.debug("batch of %d: claim %.1f ms, finish %.1f ms, %d leases lost", stats.size,
+                     stats.claim_seconds * 1000, stats.finish_seconds * 1000, stats.lost)
+        return results
+
+    def delivery(self, message: PulledMessage) -> Delivery:
+        """The message as the processor takes it (the same ``Delivery`` push builds)."""
+        published = getattr(message, "publish_time", None)
+        return Delivery(bytes(message.data), dict(message.attributes or {}),
+                        message_id=str(message.message_id),
+                        publish_time=published.isoformat() if published else "",
+                        subscription=self.subscription,
+                        delivery_attempt=message.delivery_attempt,
+                        ordering_key=message.ordering_key or "", form="pull")
+
+    def _answer(self, message: PulledMessage, result: Result, seconds: float) -> None:
+        outcome = result.outcome.value
+        self.counters.outcomes[outcome] = self.counters.outcomes.get(outcome, 0) + 1
+        if result.outcome.acked:
+            self._ack(message, result)
+        else:
+            message.nack()
+            self.counters.nacked += 1
+        _request_line(message, result, self.subscription, seconds)
+
+    def _ack(self, message: PulledMessage, result: Result) -> None:
+        self.counters.acked += 1
+        if not self.exactly_once:
+            message.ack()
+            return
+        try:
+            message.ack_with_response().result()
+        except Exception as exc:  # AcknowledgeError: the record protects the effect
+            self.counters.failed_acks += 1
+            self.metrics.failed_ack()
+            logger.warning("ack of %s failed: %s (a redelivery will be a duplicate)",
+                           message.message_id, exc)
+
+
+def _request_line(message: PulledMessage, result: Result, subscription: str,
+                  seconds: float) -> None:
+    """The push path's ``REQUEST_INBOUND`` line, for a pulled message (``method`` PULL)."""
+    status = 200 if result.outcome.acked else 503
+    level = logging.ERROR if result.outcome.value == "rejected" else \
+        logging.INFO if status == 200 else logging.WARNING
+    request_log.log(level, "PULL %s %s", subscription, result.outcome.value, extra={
+        "logType": "REQUEST_INBOUND", "method": "PULL", "path": subscription,
+        "status": status, "outcome": result.outcome.value, "idempotency_key": result.key,
+        "event_type": result.event_type, "attempt": result.attempt,
+        "messageId": message.message_id, "duration": round(seconds * 1000, 1)})
