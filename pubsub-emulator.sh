@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Pub/Sub emulator for local runs and tests, with the event-bus topic,
-# its push subscription to the local service and a dead-letter queue.
+# its push subscription to the local service, its pull subscription for
+# `eventbus worker` and a dead-letter queue.
 #
 #   ./pubsub-emulator.sh start    start the emulator (a no-op when it runs) and
 #                                 create/update the resources; prints a table
@@ -18,6 +19,8 @@
 #   PUBSUB_TOPIC                 event-bus topic [partner-events]
 #   PUBSUB_DEAD_LETTER_TOPIC     [<topic>-dlq]
 #   PUBSUB_SUBSCRIPTION          push subscription [<topic>-push]
+#   EVENTBUS_PULL_SUBSCRIPTION   the worker's pull subscription, with the push
+#                                subscription's ack deadline and policies [<topic>-pull]
 #   PUBSUB_DEAD_LETTER_SUBSCRIPTION  pull subscription on the DLQ [<dlq topic>-pull]
 #   PUSH_ENDPOINT                where the emulator pushes [http://127.0.0.1:8080/]
 #   PUSH_ACK_DEADLINE            push timeout = ack deadline, 10..600 [60s]
@@ -29,7 +32,7 @@
 #   GCLOUD                       the gcloud command [gcloud]
 #
 # Re-running `start` with another PUSH_ENDPOINT or policy updates the existing
-# push subscription in place. The emulator keeps everything in memory: after a
+# push and pull subscriptions in place. The emulator keeps everything in memory: after a
 # stop, the next start creates the resources again.
 set -euo pipefail
 

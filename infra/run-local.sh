@@ -20,6 +20,8 @@ PARTNER_PORT=${PARTNER_PORT:-9000}
 partner_url="http://127.0.0.1:$PARTNER_PORT/partners/{partnerId}/events"
 export EVENTBUS_PARTNER_URL=${EVENTBUS_PARTNER_URL:-$partner_url}
 export PUBSUB_TOPIC=${PUBSUB_TOPIC:-partner-events}
+# The worker's pull subscription: pubsub-emulator.sh creates it, `eventbus worker` pulls it.
+export EVENTBUS_PULL_SUBSCRIPTION=${EVENTBUS_PULL_SUBSCRIPTION:-$PUBSUB_TOPIC-pull}
 export EVENTBUS_CONSOLE_PORT=${EVENTBUS_CONSOLE_PORT:-8081}
 # The console's token outlives a restart (kept in .env), so an open browser tab keeps working.
 saved_token=""
@@ -39,6 +41,7 @@ GOOGLE_CLOUD_PROJECT=$GOOGLE_CLOUD_PROJECT
 PUBSUB_TOPIC=$PUBSUB_TOPIC
 PUBSUB_SUBSCRIPTION=$PUBSUB_TOPIC-push
 PUBSUB_DEAD_LETTER_SUBSCRIPTION=$PUBSUB_TOPIC-dlq-pull
+EVENTBUS_PULL_SUBSCRIPTION=$EVENTBUS_PULL_SUBSCRIPTION
 EVENTBUS_PARTNER_URL=$EVENTBUS_PARTNER_URL
 EVENTBUS_APP=main:app
 EVENTBUS_CONSOLE_PORT=$EVENTBUS_CONSOLE_PORT
@@ -113,5 +116,9 @@ Backoff:         .venv/bin/eventbus retries
 Last 24 hours:   .venv/bin/eventbus stats
 Dead letters:    .venv/bin/eventbus dlq drain
 Publish more:    .venv/bin/eventbus publish handlers/samples/partner_events.json
+Pull worker:     .venv/bin/eventbus worker
+                 (the same handlers over $EVENTBUS_PULL_SUBSCRIPTION, which holds every event
+                 published since the emulator started; those push has finished are acked
+                 as duplicates. Push or pull: docs/PUSH_OR_PULL.md)
 Stop it all:     make stop
 MSG

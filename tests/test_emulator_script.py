@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from infra.pubsub.config import PushPolicy
 from infra.pubsub.resources import Admin
 from tests.e2e.harness import (
     PROJECT_ROOT,
@@ -41,6 +42,7 @@ DEFAULT_NAMES = {
     "partner-events": "topic",
     "partner-events-dlq": "topic",
     "partner-events-push": "push subscription",
+    "partner-events-pull": "pull subscription",
     "partner-events-dlq-pull": "pull subscription",
 }
 EVENT = {
@@ -148,6 +150,101 @@ def test_start_creates_topic_push_subscription_and_dead_letter_queue(
     )
     assert pull.topic == admin.topic_path("partner-events-dlq")
     assert not pull.push_config.push_endpoint
+
+
+def test_start_creates_the_workers_pull_subscription_with_the_push_policies(
+    started: Started, admin: Admin
+) -> None:
+    worker = admin.subscriber.get_subscription(
+        subscription=admin.subscription_path("partner-events-pull")
+    )
+    assert worker.topic == admin.topic_path("partner-events")
+    assert not worker.push_config.push_endpoint
+    assert worker.ack_deadline_seconds == 60
+    assert worker.retry_policy.minimum_backoff.total_seconds() == 10
+    assert worker.retry_policy.maximum_backoff.total_seconds() == 600
+    assert worker.dead_letter_policy.dead_letter_topic == admin.topic_path("partner-events-dlq")
+    assert worker.dead_letter_policy.max_delivery_attempts == 100
+    (line,) = [row for row in started.first.stdout.splitlines() if "partner-events-pull " in row]
+    assert "on partner-events; ack 60s; backoff 10s..600s" in line
+    assert line.endswith("dead letter after 100 attempts to partner-events-dlq")
+
+
+def test_a_published_event_reaches_both_the_push_and_the_pull_subscription(
+    started: Started, admin: Admin
+) -> None:
+    with Receiver() as receiver:
+        made = point_push_at(started, receiver.url, PUBSUB_TOPIC="fanout")
+        try:
+            message_id = admin.publish("fanout", b"both ways", EVENT_ATTRIBUTES)
+            (push,) = receiver.wait_for(1)
+            pulled = pull_until(admin, "fanout-pull", message_id)
+        finally:
+            for name in ("fanout-push", "fanout-pull", "fanout-dlq-pull"):
+                admin.delete_subscription(name)
+    assert made["fanout-pull"] == "created"
+    assert push.json()["message"]["messageId"] == message_id
+    assert pulled.message.data == b"both ways"
+    assert dict(pulled.message.attributes) == EVENT_ATTRIBUTES
+
+
+def pull_until(admin: Admin, subscription: str, message_id: str) -> Any:
+    """Pull (and ack) ``subscription`` until ``message_id`` comes; fail after 10 s."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for received in admin.pull(subscription):
+            if received.message.message_id == message_id:
+                return received
+    pytest.fail(f"{message_id} never reached {subscription}")
+
+
+def test_rerun_updates_the_pull_subscriptions_policy_and_drops_a_push_config(
+    started: Started, admin: Admin
+) -> None:
+    # A push subscription left under the worker's name becomes a pull subscription.
+    admin.ensure_topic("rerun")
+    admin.ensure_push_subscription(
+        "rerun-pull", "rerun", "http://127.0.0.1:9/", PushPolicy(max_delivery_attempts=0)
+    )
+    try:
+        made = point_push_at(
+            started, "http://127.0.0.1:9/", PUBSUB_TOPIC="rerun", PUSH_MIN_BACKOFF="2s",
+            PUSH_MAX_DELIVERY_ATTEMPTS="5",
+        )
+        worker = admin.subscriber.get_subscription(
+            subscription=admin.subscription_path("rerun-pull")
+        )
+    finally:
+        for name in ("rerun-push", "rerun-pull", "rerun-dlq-pull"):
+            admin.delete_subscription(name)
+    assert made["rerun-pull"] == "updated"
+    assert not worker.push_config.push_endpoint
+    assert worker.retry_policy.minimum_backoff.total_seconds() == 2
+    assert worker.dead_letter_policy.max_delivery_attempts == 5
+
+
+def test_the_pull_subscription_takes_the_workers_variable(started: Started, admin: Admin) -> None:
+    env = {"PUBSUB_TOPIC": "named", "EVENTBUS_PULL_SUBSCRIPTION": "named-worker"}
+    try:
+        rows = table(started.script.run("start", env).stdout)
+    finally:
+        for name in ("named-push", "named-worker", "named-dlq-pull"):
+            admin.delete_subscription(name)
+    assert rows["named-worker"] == ("pull subscription", "created")
+    assert "named-pull" not in rows
+
+
+def test_a_pull_subscription_named_like_another_is_refused(tmp_path: Path) -> None:
+    script = EmulatorScript(f"127.0.0.1:{free_port()}", tmp_path)
+    result = script.run("start", {"EVENTBUS_PULL_SUBSCRIPTION": "partner-events-push"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "pubsub-emulator: bad setting: each subscription needs a name of its own"
+        " (PUBSUB_SUBSCRIPTION=partner-events-push,"
+        " EVENTBUS_PULL_SUBSCRIPTION=partner-events-push,"
+        " PUBSUB_DEAD_LETTER_SUBSCRIPTION=partner-events-dlq-pull)"
+    )
+    assert not (tmp_path / str(script.port) / "emulator.pid").exists()
 
 
 def test_second_start_is_a_fast_no_op_that_reports_existed(started: Started) -> None:

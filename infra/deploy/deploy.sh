@@ -12,7 +12,8 @@ usage() {
   cat <<'EOF'
 Usage: [VARIABLE=value ...] bash infra/deploy/deploy.sh [--help]
 
-Deploys the Pub/Sub push handler, its topics, dead letters, jobs and alerts with Pulumi.
+Deploys the Pub/Sub push handler and/or the pull worker, their topics, dead letters, jobs
+and alerts with Pulumi.
 
 Required:
   PROJECT                 Google Cloud project id
@@ -37,6 +38,12 @@ Optional (a value given is written to the stack's config; one not given keeps th
   RELAY_SCHEDULE          cron of the outbox relay job (default */5 * * * *)
   REDRIVE_SCHEDULE        cron of the redrive job (default */10 * * * *)
   DRAIN_SCHEDULE          cron of the dead-letter drain job (default */15 * * * *)
+  CONSUMER                push (default), pull (the worker in a Cloud Run worker pool) or both
+  PULL_EVENT_TYPES        with CONSUMER=both: comma-separated event types the worker takes
+  PULL_EXACTLY_ONCE       true: exactly-once delivery on the worker's subscription (default false)
+  WORKER_INSTANCES        worker pool instances (default 1; 0 pauses the worker)
+  WORKER_BATCH_SIZE       events per batch (default 100)
+  WORKER_RATE             events/s ceiling of each worker instance (default 0: none)
   REPOSITORY              Artifact Registry repository for built images (default eventbus)
   STACK                   Pulumi stack name (default: PROJECT)
   PULUMI_BACKEND_URL      Pulumi state backend (default gs://PROJECT-pulumi-state, created)
@@ -76,6 +83,9 @@ CONFIG_KEYS=(
   "NOTIFICATION_CHANNELS notificationChannels" "ERROR_RATE_THRESHOLD errorRateThreshold"
   "RELAY_SCHEDULE relaySchedule" "REDRIVE_SCHEDULE redriveSchedule"
   "DRAIN_SCHEDULE drainSchedule" "FUNCTION_SOURCE functionSource"
+  "CONSUMER consumer" "PULL_EVENT_TYPES pullEventTypes" "PULL_EXACTLY_ONCE pullExactlyOnce"
+  "WORKER_INSTANCES workerInstances" "WORKER_BATCH_SIZE workerBatchSize"
+  "WORKER_RATE workerRate"
 )
 
 say() { printf '== %s\n' "$*" >&2; }

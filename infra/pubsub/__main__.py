@@ -3,8 +3,9 @@
 - ``ping [HOST:PORT]``: exit 0 when a Pub/Sub emulator answers there, 1 when
   nothing listens, 2 when something else does.
 - ``check``: validate the environment's settings (exit 2 with one line if bad).
-- ``ensure``: create or update the topic, dead-letter topic, push subscription
-  and dead-letter pull subscription; print a table of what it did.
+- ``ensure``: create or update the topic, dead-letter topic, push subscription,
+  the worker's pull subscription and the dead-letter pull subscription; print a
+  table of what it did.
 - ``list``: print the project's topics and subscriptions.
 
 Settings come from the environment (see pubsub-emulator.sh); the google
@@ -36,6 +37,14 @@ def ensure(layout: Layout) -> None:
                 layout.push_subscription,
                 layout.topic,
                 layout.endpoint,
+                layout.policy,
+                dead_letter_topic=layout.dead_letter_topic,
+            )
+        )
+        outcomes.append(
+            admin.ensure_worker_subscription(
+                layout.pull_subscription,
+                layout.topic,
                 layout.policy,
                 dead_letter_topic=layout.dead_letter_topic,
             )

@@ -131,6 +131,19 @@ class Layout:
     dead_letter_subscription: str
     endpoint: str
     policy: PushPolicy
+    pull_subscription: str = ""
+    """The worker's pull subscription on ``topic`` (``eventbus worker``), policies as push."""
+
+    def __post_init__(self) -> None:
+        names = {
+            "PUBSUB_SUBSCRIPTION": self.push_subscription,
+            "EVENTBUS_PULL_SUBSCRIPTION": self.pull_subscription,
+            "PUBSUB_DEAD_LETTER_SUBSCRIPTION": self.dead_letter_subscription,
+        }
+        named = [name for name in names.values() if name]
+        if len(set(named)) < len(named):
+            shown = ", ".join(f"{key}={value}" for key, value in names.items() if value)
+            raise ConfigError(f"each subscription needs a name of its own ({shown})")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Layout:
@@ -164,4 +177,10 @@ class Layout:
             ),
             endpoint=endpoint_url(env.get("PUSH_ENDPOINT") or DEFAULT_ENDPOINT),
             policy=policy,
+            # The worker's own variable (`eventbus worker` reads it too), so one setting
+            # names the subscription for both.
+            pull_subscription=resource_id(
+                "EVENTBUS_PULL_SUBSCRIPTION",
+                env.get("EVENTBUS_PULL_SUBSCRIPTION") or f"{topic}-pull",
+            ),
         )

@@ -113,20 +113,7 @@ class Admin:
         details = f"{topic} -> {endpoint}; {policy.describe()}"
         if dead_letter_topic and policy.dead_lettering:
             details += f" to {dead_letter_topic}"
-        current = self._get_subscription(wanted.name)
-        if current is None:
-            self.subscriber.create_subscription(request=wanted, timeout=RPC_TIMEOUT)
-            return Outcome("push subscription", subscription, details, "created")
-        self._check_topic(current, wanted)
-        changed = self._reconcile(current, wanted)
-        if changed:
-            return Outcome(
-                "push subscription",
-                subscription,
-                f"{details} (changed: {', '.join(changed)})",
-                "updated",
-            )
-        return Outcome("push subscription", subscription, details, "existed")
+        return self._ensure("push subscription", wanted, details)
 
     def ensure_pull_subscription(
         self, subscription: str, topic: str, ack_deadline: int = 60
@@ -144,6 +131,28 @@ class Admin:
             return Outcome("pull subscription", subscription, details, "created")
         self._check_topic(current, wanted)
         return Outcome("pull subscription", subscription, details, "existed")
+
+    def ensure_worker_subscription(
+        self,
+        subscription: str,
+        topic: str,
+        policy: PushPolicy,
+        dead_letter_topic: str | None = None,
+    ) -> Outcome:
+        """Create the worker's pull subscription, or bring an existing one to this policy.
+
+        A pull subscription with the push subscription's ack deadline, retry
+        policy (a nack waits the backoff, as a push answered 503 does) and
+        dead-letter policy; a push config found on it is removed. Only the
+        topic cannot change: that raises ResourceConflict.
+        """
+        wanted = self._push_subscription(
+            subscription, topic, "", policy, dead_letter_topic, no_wrapper=False
+        )
+        details = f"on {topic}; {policy.describe()}"
+        if dead_letter_topic and policy.dead_lettering:
+            details += f" to {dead_letter_topic}"
+        return self._ensure("pull subscription", wanted, details)
 
     def delete_subscription(self, subscription: str) -> None:
         """Delete the subscription; a missing one is fine."""
@@ -201,6 +210,7 @@ class Admin:
         dead_letter_topic: str | None,
         no_wrapper: bool,
     ) -> types.Subscription:
+        # An empty endpoint makes a pull subscription (an empty push config).
         push_config = types.PushConfig(push_endpoint=endpoint)
         if no_wrapper:
             # write_metadata puts messageId, publishTime, ... into x-goog-* headers.
@@ -223,6 +233,20 @@ class Admin:
                 max_delivery_attempts=policy.max_delivery_attempts,
             )
         return wanted
+
+    def _ensure(self, kind: str, wanted: types.Subscription, details: str) -> Outcome:
+        """Create ``wanted``, or reconcile the existing subscription of its name with it."""
+        subscription = wanted.name.rsplit("/", 1)[-1]
+        current = self._get_subscription(wanted.name)
+        if current is None:
+            self.subscriber.create_subscription(request=wanted, timeout=RPC_TIMEOUT)
+            return Outcome(kind, subscription, details, "created")
+        self._check_topic(current, wanted)
+        changed = self._reconcile(current, wanted)
+        if changed:
+            return Outcome(kind, subscription, f"{details} (changed: {', '.join(changed)})",
+                           "updated")
+        return Outcome(kind, subscription, details, "existed")
 
     def _get_subscription(self, path: str) -> types.Subscription | None:
         try:

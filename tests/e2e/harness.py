@@ -47,7 +47,7 @@ E2E_PROJECT = "local-project"
 
 # Settings a developer's shell may carry that would change what the script
 # creates; the harness decides them itself.
-_SCRIPT_SETTINGS = re.compile(r"(PUBSUB_|PUSH_)\w+|GOOGLE_CLOUD_PROJECT")
+_SCRIPT_SETTINGS = re.compile(r"(PUBSUB_|PUSH_)\w+|GOOGLE_CLOUD_PROJECT|EVENTBUS_PULL_SUBSCRIPTION")
 
 
 def free_port() -> int:

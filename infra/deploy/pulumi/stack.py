@@ -12,7 +12,9 @@ What it wires (see ``infra/deploy/README.md``):
   with ``MONGODB_URI`` read from Secret Manager;
 * Cloud Run jobs for the outbox relay, the store-driven redrive and the dead-letter drain,
   each run by Cloud Scheduler;
-* a log-based metric of events failed for good, and alerts on it and on the 5xx rate.
+* a log-based metric of events failed for good, and alerts on it and on the 5xx rate;
+* with ``consumer`` ``pull`` or ``both``, the pull worker beside or instead of the push
+  handler: its subscription, identity, worker pool and alerts (``worker.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, TypeVar
 
 import pulumi
 import pulumi_gcp as gcp
+import worker
 
 Resources = dict[str, pulumi.CustomResource]
 R = TypeVar("R", bound=pulumi.CustomResource)
@@ -89,6 +92,19 @@ class DeployConfig:
     error_rate_threshold: float = 0.5
     function_source: str = ""
     cli: tuple[str, ...] = ("python", "-m", "eventbus")
+    # The pull worker (worker.py): push, pull or both; see infra/deploy/README.md.
+    consumer: str = "push"
+    pull_event_types: tuple[str, ...] = ()
+    pull_exactly_once: bool = False
+    worker_service_account_id: str = "eventbus-worker"
+    worker_instances: int = 1
+    worker_cpu: str = "1"
+    worker_memory: str = "1Gi"
+    worker_batch_size: int = 100
+    worker_concurrency: int = 0
+    worker_rate: float = 0.0
+    worker_args: tuple[str, ...] = ()
+    backlog_alert_seconds: int = 3600
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -129,6 +145,26 @@ class DeployConfig:
         return f"https://pubsub-push/{self.project}/{self.region}/{self.service}"
 
     @property
+    def push_enabled(self) -> bool:
+        """True when the push handler (service or function) and its subscription are deployed."""
+        return self.consumer in ("push", "both")
+
+    @property
+    def pull_enabled(self) -> bool:
+        """True when the pull worker and its subscription are deployed."""
+        return self.consumer in ("pull", "both")
+
+    @property
+    def pull_subscription(self) -> str:
+        """The worker's pull subscription (the emulator script makes the same one)."""
+        return f"{self.topic}-pull"
+
+    @property
+    def worker_pool(self) -> str:
+        """The Cloud Run worker pool's name."""
+        return f"{self.service}-worker"
+
+    @property
     def jobs(self) -> tuple[JobSpec, ...]:
         """The scheduled Cloud Run jobs: outbox relay, store-driven redrive, dead-letter drain."""
         return (
@@ -166,7 +202,7 @@ def config_problems(c: DeployConfig) -> list[str]:
         "target function needs functionSource (a zip of the source)":
             c.target != "function" or bool(c.function_source),
     }
-    return [rule for rule, holds in rules.items() if not holds]
+    return [rule for rule, holds in rules.items() if not holds] + worker.config_problems(c)
 
 
 def camel(name: str) -> str:
@@ -177,11 +213,20 @@ def camel(name: str) -> str:
 
 def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
     default = field.default
+    if isinstance(default, bool):  # before int: bool("false") would be True
+        return _boolean(field.name, raw)
     if isinstance(default, tuple):
         return tuple(item.strip() for item in raw.split(",") if item.strip())
     if isinstance(default, int | float):
         return type(default)(raw)
     return raw
+
+
+def _boolean(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"bad deploy config: {camel(name)} must be true or false, not {raw!r}")
+    return value == "true"
 
 
 def from_getter(get: Callable[[str], str | None]) -> DeployConfig:
@@ -214,12 +259,16 @@ class _Stack:
         self.accounts()
         self.messaging()
         self.runtime_grants()
-        endpoint = self.service() if self.c.target == "run" else self.function()
-        self.push_subscription(endpoint)
+        if self.c.push_enabled:
+            endpoint = self.service() if self.c.target == "run" else self.function()
+            self.push_subscription(endpoint)
         self.agent_grants()
+        if self.c.pull_enabled:
+            worker.declare(self)
         for spec in self.c.jobs:
             self.scheduled_job(spec)
-        self.alerts()
+        if self.c.push_enabled:
+            self.alerts()
         return self.out
 
     # -- identities and messaging -------------------------------------------------------
@@ -230,8 +279,9 @@ class _Stack:
 
     def accounts(self) -> None:
         c = self.c
-        self.push_sa = self.account(
-            "push-sa", c.push_service_account_id, f"Pub/Sub push to {c.service}")
+        if c.push_enabled:
+            self.push_sa = self.account(
+                "push-sa", c.push_service_account_id, f"Pub/Sub push to {c.service}")
         self.runtime_sa = self.account(
             "runtime-sa", c.runtime_service_account_id, f"{c.service} service and jobs")
         self.scheduler_sa = self.account(
@@ -265,7 +315,9 @@ class _Stack:
                 maximum_backoff=f"{c.max_backoff_seconds}s"),
             dead_letter_policy=gcp.pubsub.SubscriptionDeadLetterPolicyArgs(
                 dead_letter_topic=self.dead_letter.id,
-                max_delivery_attempts=c.max_delivery_attempts)))
+                max_delivery_attempts=c.max_delivery_attempts),
+            # With consumer both and pullEventTypes: every event the worker does not take.
+            filter=worker.push_filter(c)))
 
     # -- grants ---------------------------------------------------------------------------
 
@@ -290,6 +342,8 @@ class _Stack:
         agent = self.pubsub_agent()
         self.topic_grant("agent-publishes-dead-letters", self.dead_letter,
                          "roles/pubsub.publisher", agent)
+        if not self.c.push_enabled:
+            return
         self.subscription_grant("agent-acks-push-subscription", self.push,
                                 "roles/pubsub.subscriber", agent)
         self.add(gcp.serviceaccount.IAMMember(
@@ -313,11 +367,16 @@ class _Stack:
     def env(self) -> dict[str, pulumi.Input[str]]:
         """Plain environment of the service, the function and the jobs (no secrets here)."""
         c = self.c
-        return {
+        env: dict[str, pulumi.Input[str]] = {
             "GOOGLE_CLOUD_PROJECT": c.project,
             "PUBSUB_TOPIC": c.topic,
             "EVENTBUS_DEAD_LETTER_TOPIC": c.dead_letter_topic,
             "PUBSUB_DEAD_LETTER_SUBSCRIPTION": c.dead_letter_subscription,
+        }
+        if not c.push_enabled:  # pull only: the jobs need none of the push handler's settings
+            return env
+        return {
+            **env,
             "EVENTBUS_AUTH": "true",
             "EVENTBUS_AUTH_SERVICE_ACCOUNTS": self.push_sa.email,
             "EVENTBUS_AUTH_AUDIENCE": c.push_audience,
@@ -493,14 +552,20 @@ class _Stack:
 
 def exports(config: DeployConfig, resources: Resources) -> dict[str, Any]:
     """What ``pulumi stack output`` shows: names, the push audience and the handler's URL."""
+    common = {
+        "topic": config.topic,
+        "deadLetterTopic": config.dead_letter_topic,
+        "deadLetterSubscription": config.dead_letter_subscription,
+        "jobs": [f"{config.service}-{spec.name}" for spec in config.jobs],
+        **worker.exports(config),
+    }
+    if not config.push_enabled:
+        return common
     handler: Any = resources.get("service") or resources.get("function")
     url = handler.uri if config.target == "run" else handler.url
     return {
         "url": url,
-        "topic": config.topic,
-        "deadLetterTopic": config.dead_letter_topic,
-        "deadLetterSubscription": config.dead_letter_subscription,
+        **common,
         "pushSubscription": config.push_subscription,
         "pushAudience": config.push_audience,
-        "jobs": [f"{config.service}-{spec.name}" for spec in config.jobs],
     }

@@ -49,6 +49,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*deprecated in favor of:Depreca
 
 
 def _load_stack() -> ModuleType:
+    # stack.py imports its sibling worker.py, as it does when Pulumi runs the program.
+    if str(PROGRAM) not in sys.path:
+        sys.path.insert(0, str(PROGRAM))
     spec = importlib.util.spec_from_file_location("eventbus_deploy_stack", PROGRAM / "stack.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -62,6 +65,10 @@ RUN = stack.DeployConfig(project="acme-prod", region="europe-west1",
                          image="europe-docker.pkg.dev/acme-prod/eventbus/handler:abc",
                          notification_channels=("projects/acme-prod/notificationChannels/42",))
 FUNCTION = replace(RUN, target="function", function_source="/tmp/source-abc123.zip")
+PULL = replace(RUN, consumer="pull")
+BOTH = replace(RUN, consumer="both", pull_event_types=("PARTNER_NOTIFY", "OR_MGMT"),
+               pull_exactly_once=True)
+CONFIGS = {"run": RUN, "function": FUNCTION, "pull": PULL, "both": BOTH}
 
 
 # -- recording under mocks ------------------------------------------------------------------
@@ -213,13 +220,21 @@ def nothing_public(resources: list[Recorded]) -> bool:
 def messaging_checks(c: Any) -> dict[str, Check]:
     push_sa, dlq = email(c.push_service_account_id, c), topic_path(c, c.dead_letter_topic)
     on_topic = {"topic": topic_path(c, c.topic), "name": c.push_subscription}
-    return {
+    shared = {
         "topic": some("pubsub/topic:Topic", {"name": c.topic}),
         "dead-letter topic": some("pubsub/topic:Topic", {"name": c.dead_letter_topic}),
         "dead-letter topic has a pull subscription": some(
             "pubsub/subscription:Subscription",
             {"topic": dlq, "messageRetentionDuration": f"{c.retention_seconds}s"},
             where=lambda i: not i.get("pushConfig")),
+    }
+    if not c.push_enabled:
+        return shared
+    return {
+        **shared,
+        "push subscription: filter leaves the worker's event types to it": some(
+            "pubsub/subscription:Subscription", {**on_topic},
+            where=lambda i: i.get("filter") == stack.worker.push_filter(c)),
         "push subscription: OIDC token of the push service account, audience": some(
             "pubsub/subscription:Subscription",
             {**on_topic, "pushConfig.oidcToken.serviceAccountEmail": push_sa,
@@ -243,15 +258,21 @@ def grant_checks(c: Any) -> dict[str, Check]:
     topic, sub = "pubsub/topicIAMMember:TopicIAMMember", "pubsub/subscriptionIAMMember:" \
                                                          "SubscriptionIAMMember"
     publisher, subscriber = "roles/pubsub.publisher", "roles/pubsub.subscriber"
-    return {
-        "Pub/Sub service agent: roles/pubsub.publisher on the dead-letter topic": some(
-            topic, {"topic": c.dead_letter_topic, "role": publisher, "member": AGENT}),
+    accounts = {c.runtime_service_account_id, c.scheduler_service_account_id}
+    accounts |= {c.push_service_account_id} if c.push_enabled else set()
+    accounts |= {c.worker_service_account_id} if c.pull_enabled else set()
+    push = {
         "Pub/Sub service agent: roles/pubsub.subscriber on the push subscription": some(
             sub, {"subscription": c.push_subscription, "role": subscriber, "member": AGENT}),
         "Pub/Sub service agent: token creator on the push service account": some(
             "serviceaccount/iAMMember:IAMMember",
             {"serviceAccountId": push_sa_path, "member": AGENT,
              "role": "roles/iam.serviceAccountTokenCreator"}),
+    } if c.push_enabled else {}
+    return {
+        "Pub/Sub service agent: roles/pubsub.publisher on the dead-letter topic": some(
+            topic, {"topic": c.dead_letter_topic, "role": publisher, "member": AGENT}),
+        **push,
         "runtime: secretAccessor on the MongoDB secret": some(
             "secretmanager/secretIamMember:SecretIamMember",
             {"secretId": c.mongodb_secret_id, "member": runtime,
@@ -263,10 +284,8 @@ def grant_checks(c: Any) -> dict[str, Check]:
         "runtime: subscriber on the dead-letter subscription": some(
             sub, {"subscription": c.dead_letter_subscription, "role": subscriber,
                   "member": runtime}),
-        "service accounts: push, runtime, scheduler": lambda rs: {
-            i["accountId"] for i in of_type(rs, "serviceaccount/account:Account")} >= {
-            c.push_service_account_id, c.runtime_service_account_id,
-            c.scheduler_service_account_id},
+        "service accounts: push, runtime, scheduler, worker (as deployed)": lambda rs: {
+            i["accountId"] for i in of_type(rs, "serviceaccount/account:Account")} == accounts,
         "nothing granted to allUsers or allAuthenticatedUsers": nothing_public,
     }
 
@@ -406,7 +425,8 @@ def alert_checks(c: Any) -> dict[str, Check]:
         return check
 
     def metric_types(rs: list[Recorded]) -> list[str]:
-        names = [m["name"] for m in of_type(rs, "logging/metric:Metric")]
+        names = [m["name"] for m in of_type(rs, "logging/metric:Metric")
+                 if m["name"] == f"{c.service}-failed-for-good"]
         return [f'logging.googleapis.com/user/{names[0]}"'] if names else ["<no metric>"]
 
     return {
@@ -418,12 +438,96 @@ def alert_checks(c: Any) -> dict[str, Check]:
     }
 
 
+def worker_checks(c: Any) -> dict[str, Check]:
+    """The pull worker's wiring (worker.py): subscription, grants, worker pool, alerts."""
+    kind, sub = "pubsub/subscription:Subscription", {"name": c.pull_subscription}
+    grant = "pubsub/subscriptionIAMMember:SubscriptionIAMMember"
+    worker, pool = member(c.worker_service_account_id, c), "cloudrunv2/workerPool:WorkerPool"
+
+    def container(check: Callable[[dict[str, Any]], bool]) -> Check:
+        return some(pool, {"name": c.worker_pool},
+                    where=lambda i: check(dig(i, "template")["containers"][0]))
+
+    def runs(ct: dict[str, Any]) -> bool:
+        return (ct["commands"] + ct["args"] == [*c.cli, *stack.worker.worker_args(c)]
+                and ct["image"] == c.image)
+
+    return {
+        "pull subscription: on the topic, pull, ack deadline, retention, no expiry": some(
+            kind, {**sub, "topic": topic_path(c, c.topic), "expirationPolicy.ttl": "",
+                   "ackDeadlineSeconds": c.ack_deadline_seconds,
+                   "messageRetentionDuration": f"{c.retention_seconds}s"},
+            where=lambda i: not i.get("pushConfig")),
+        "pull subscription: retry policy": some(kind, {
+            **sub, "retryPolicy.minimumBackoff": f"{c.min_backoff_seconds}s",
+            "retryPolicy.maximumBackoff": f"{c.max_backoff_seconds}s"}),
+        "pull subscription: dead-letter policy": some(kind, {
+            **sub, "deadLetterPolicy.deadLetterTopic": topic_path(c, c.dead_letter_topic),
+            "deadLetterPolicy.maxDeliveryAttempts": c.max_delivery_attempts}),
+        "pull subscription: exactly-once delivery as configured": some(
+            kind, {**sub, "enableExactlyOnceDelivery": c.pull_exactly_once}),
+        "pull subscription: filter as configured": some(
+            kind, sub, where=lambda i: i.get("filter") == stack.worker.pull_filter(c)),
+        "Pub/Sub service agent: roles/pubsub.subscriber on the pull subscription": some(
+            grant, {"subscription": c.pull_subscription, "role": "roles/pubsub.subscriber",
+                    "member": AGENT}),
+        "worker: subscriber on its subscription": some(grant, {
+            "subscription": c.pull_subscription, "role": "roles/pubsub.subscriber",
+            "member": worker}),
+        "worker: viewer of its subscription": some(grant, {
+            "subscription": c.pull_subscription, "role": "roles/pubsub.viewer",
+            "member": worker}),
+        "worker: publisher on the topic": some(
+            "pubsub/topicIAMMember:TopicIAMMember",
+            {"topic": c.topic, "role": "roles/pubsub.publisher", "member": worker}),
+        "worker: secretAccessor on the MongoDB secret": some(
+            "secretmanager/secretIamMember:SecretIamMember",
+            {"secretId": c.mongodb_secret_id, "member": worker,
+             "role": "roles/secretmanager.secretAccessor"}),
+        "worker pool: `eventbus worker` on its subscription, as the worker's account": some(
+            pool, {"name": c.worker_pool, "location": c.region,
+                   "template.serviceAccount": email(c.worker_service_account_id, c)},
+            where=lambda i: runs(dig(i, "template")["containers"][0])),
+        "worker pool: MONGODB_URI only from Secret Manager": container(
+            lambda ct: secret_only(ct.get("envs"), c)),
+        "worker pool: project, topic and subscription in env, no push settings": container(
+            lambda ct: has_env(env_of(ct.get("envs")), {
+                "GOOGLE_CLOUD_PROJECT": c.project, "PUBSUB_TOPIC": c.topic,
+                "EVENTBUS_PULL_SUBSCRIPTION": c.pull_subscription})
+            and "EVENTBUS_AUTH" not in env_of(ct.get("envs"))),
+        "worker pool: manual scaling to workerInstances": some(pool, {
+            "name": c.worker_pool, "scaling.scalingMode": "MANUAL",
+            "scaling.manualInstanceCount": c.worker_instances}),
+        "log metric counts the worker's events failed for good": some(
+            "logging/metric:Metric", {"metricDescriptor.metricKind": "DELTA"},
+            where=lambda i: 'resource.type="cloud_run_worker_pool"' in i["filter"]
+            and f'worker_pool_name="{c.worker_pool}"' in i["filter"]
+            and 'jsonPayload.outcome="rejected"' in i["filter"]),
+        "alert: the worker's events failed for good": some(
+            "monitoring/alertPolicy:AlertPolicy",
+            {"displayName": f"{c.worker_pool}: events failed for good",
+             "notificationChannels": list(c.notification_channels)}),
+        "alert: oldest unacked message on the pull subscription": some(
+            "monitoring/alertPolicy:AlertPolicy",
+            {"notificationChannels": list(c.notification_channels)},
+            where=lambda i: f'subscription_id="{c.pull_subscription}"'
+            in dig(i, "conditions")[0]["conditionThreshold"]["filter"]
+            and dig(i, "conditions")[0]["conditionThreshold"]["thresholdValue"]
+            == c.backlog_alert_seconds),
+    }
+
+
 def expectations(config: Any) -> dict[str, Check]:
     """Every piece of wiring a deployment of ``config`` must have, by description."""
-    target = service_checks(config) if config.target == "run" else function_checks(config)
     jobs = [job_checks(config, spec) for spec in config.jobs]
-    return {**messaging_checks(config), **grant_checks(config), **target,
-            **{k: v for checks in jobs for k, v in checks.items()}, **alert_checks(config)}
+    checks = {**messaging_checks(config), **grant_checks(config),
+              **{k: v for checks in jobs for k, v in checks.items()}}
+    if config.push_enabled:
+        target = service_checks(config) if config.target == "run" else function_checks(config)
+        checks |= {**target, **alert_checks(config)}
+    if config.pull_enabled:
+        checks |= worker_checks(config)
+    return checks
 
 
 def check_wiring(resources: list[Recorded], config: Any) -> list[str]:
@@ -439,12 +543,12 @@ def without(resources: list[Recorded], name: str) -> list[Recorded]:
 
 # -- the wiring is complete --------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", [RUN, FUNCTION], ids=["run", "function"])
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
 def test_every_piece_of_wiring_is_declared(config: Any) -> None:
     assert check_wiring(recorded(config), config) == []
 
 
-@pytest.mark.parametrize("config", [RUN, FUNCTION], ids=["run", "function"])
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
 def test_removing_any_one_resource_is_reported(config: Any) -> None:
     resources = recorded(config)
     unnoticed = [r.name for r in resources
