@@ -1,0 +1,260 @@
+"""The pull worker with a fake subscriber, on the in-memory store: batches decided as push decides.
+
+``FakeMessage`` records its ack or nack; ``worker()`` builds the real batch
+runner over a real ``Processor`` with a test router. Time is a fake clock:
+the rate limit is checked without sleeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventbus.model.context import Context
+from eventbus.model.errors import PermanentError, StoreUnavailable
+from eventbus.processor import Processor
+from eventbus.settings import Settings
+from eventbus.store.memory import MemoryEventStore
+from eventbus.testing import FakeClock
+from eventbus.workers.batch import BatchRunner
+from eventbus.workers.pull import Inbox, PullWorker
+from eventbus.workers.rate import RateLimit
+
+NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
+
+
+@dataclasses.dataclass
+class FakeMessage:
+    """What google-cloud-pubsub hands the callback, recording the answer."""
+
+    data: bytes
+    attributes: dict[str, str]
+    message_id: str
+    ordering_key: str = ""
+    delivery_attempt: int | None = 1
+    answer: str = ""
+    ack_error: Exception | None = None
+
+    def ack(self) -> None:
+        self.answer += "ack"
+
+    def nack(self) -> None:
+        self.answer += "nack"
+
+    def ack_with_response(self) -> Any:
+        self.answer += "ack"
+        error = self.ack_error
+
+        class Future:
+            def result(self) -> None:
+                if error is not None:
+                    raise error
+
+        return Future()
+
+
+def message(n: int, event_type: str = "TEST", key: str | None = None, **data: Any) -> FakeMessage:
+    body = {"event_type": event_type, "event_version": "v1", "entity_metadata": ENTITY,
+            "entity_data": {"n": n, **data}}
+    return FakeMessage(json.dumps(body).encode(), {"idempotency_key": key or f"k-{n}"}, f"m-{n}")
+
+
+@dataclasses.dataclass
+class Setup:
+    store: MemoryEventStore
+    worker: PullWorker
+    calls: list[Context]
+    relayed: list[tuple[str, str]]
+    clock: FakeClock
+
+
+def setup(behaviour: Callable[[Context], None] | None = None, *, store: Any = None,
+          rate: RateLimit | None = None, exactly_once: bool = False) -> Setup:
+    from eventbus.model.router import Router
+
+    routes, calls, relayed = Router(), [], []
+
+    @routes.handler("TEST")
+    def handle(context: Context) -> None:
+        calls.append(context)
+        if behaviour is not None:
+            behaviour(context)
+
+    store = store or MemoryEventStore(lease=dt.timedelta(seconds=30))
+    clock = FakeClock(NOW)
+
+    def after_success(key: str, outbox: Any) -> None:  # the inline relay's place
+        relayed.append((key, str((store.get(key) or {}).get("event_status"))))
+
+    processor = Processor(store, routes, Settings(max_attempts=5), clock,
+                          after_success=after_success)
+    runner = BatchRunner(processor, concurrency=4)
+    worker = PullWorker(runner, Inbox(), subscription="projects/p/subscriptions/s-pull",
+                        batch_size=100, rate=rate, exactly_once=exactly_once)
+    return Setup(store, worker, calls, relayed, clock)
+
+
+def test_one_failure_never_fails_the_batch() -> None:
+    def behaviour(context: Context) -> None:
+        n = context.event.entity_data["n"]
+        if n == 2:
+            raise ConnectionError("partner down")  # transient: nacked
+        if n == 3:
+            raise PermanentError("no such order")  # stored FAILED, acked
+        if n == 4:
+            context.emit("CHILD", {"of": n})
+
+    s = setup(behaviour)
+    poison = FakeMessage(b"{not json", {}, "m-poison")
+    batch = [message(1), message(2), message(3), message(4), poison]
+    results = s.worker.run_batch(batch)
+    assert [m.answer for m in batch] == ["ack", "nack", "ack", "ack", "ack"]
+    assert [r.outcome.value for r in results] == ["processed", "retry", "rejected",
+                                                   "processed", "rejected"]
+    statuses = {r.key: (s.store.get(r.key) or {}).get("event_status") for r in results}
+    assert list(statuses.values()) == ["SUCCESS", "FAILED", "FAILED", "SUCCESS", "FAILED"]
+    # The child is relayed only once its parent is stored SUCCESS.
+    assert s.relayed == [(results[3].key, "SUCCESS")]
+
+
+def test_duplicates_in_and_across_batches_run_once() -> None:
+    s = setup()
+    first = [message(1), message(1), message(2)]
+    first[1].message_id = "m-1-again"
+    s.worker.run_batch(first)
+    again = [message(1), message(2)]
+    results = s.worker.run_batch(again)
+    assert [m.answer for m in first + again] == ["ack"] * 5
+    assert [r.outcome.value for r in results] == ["duplicate", "duplicate"]
+    assert sorted(c.event.entity_data["n"] for c in s.calls) == [1, 2]
+
+
+def test_a_lease_lost_during_the_batch_is_nacked_not_acked() -> None:
+    holder: list[Setup] = []
+
+    def steal(context: Context) -> None:  # another worker takes the lease meanwhile
+        store = holder[0].store
+        later = NOW + store.lease + dt.timedelta(seconds=1)
+        store.claim(context.key, {"payload_fingerprint": ""}, later)
+
+    s = setup(steal)
+    holder.append(s)
+    batch = [message(1)]
+    [result] = s.worker.run_batch(batch)
+    assert result.outcome.value == "lease_lost" and batch[0].answer == "nack"
+
+
+class DownStore(MemoryEventStore):
+    """A store that cannot be reached for batches."""
+
+    def claim_many(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("claim batch: ServerSelectionTimeoutError")
+
+
+def test_a_store_outage_nacks_the_whole_batch_and_loses_nothing() -> None:
+    s = setup(store=DownStore())
+    batch = [message(1), message(2)]
+    results = s.worker.run_batch(batch)
+    assert [m.answer for m in batch] == ["nack", "nack"] and s.calls == []
+    assert {r.outcome.value for r in results} == {"unavailable"}
+
+
+def test_a_message_over_the_size_limit_is_stored_failed_and_acked() -> None:
+    s = setup()
+    huge = message(1, blob="x" * (9 * 1024 * 1024))
+    [result] = s.worker.run_batch([huge])
+    assert huge.answer == "ack" and result.outcome.value == "rejected" and s.calls == []
+    assert (s.store.get(result.key) or {})["event_status"] == "FAILED"
+
+
+def test_the_rate_limit_is_honoured_without_sleeping() -> None:
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    rate = RateLimit(50, monotonic=lambda: clock[0], sleep=sleep)
+    s = setup(rate=rate)
+    for n in range(3):
+        s.worker.run_batch([message(100 * n + i) for i in range(50)])
+    # 150 events at 50/s: the first 50 ride the initial second, the next two batches wait.
+    assert slept == pytest.approx([1.0, 1.0])
+    assert len(s.calls) == 150
+
+
+def test_a_failed_exactly_once_ack_is_counted_not_retried() -> None:
+    s = setup(exactly_once=True)
+    batch = [message(1), message(2)]
+    batch[0].ack_error = RuntimeError("AcknowledgeError: PERMISSION_DENIED")
+    s.worker.run_batch(batch)
+    assert [m.answer for m in batch] == ["ack", "ack"]  # one try each
+    assert s.worker.counters.failed_acks == 1 and s.worker.counters.acked == 2
+
+
+def test_stop_finishes_the_batch_in_flight_and_nacks_the_rest() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(context: Context) -> None:
+        started.set()
+        release.wait(5)
+
+    s = setup(slow)
+    s.worker.batch_size = 2
+    messages = [message(n) for n in range(5)]
+    for m in messages:
+        s.worker.inbox.put(m)
+    runner = threading.Thread(target=s.worker.run)
+    runner.start()
+    assert started.wait(5)
+    s.worker.stop()
+    release.set()
+    runner.join(10)
+    assert not runner.is_alive()
+    assert [m.answer for m in messages[:2]] == ["ack", "ack"]  # the batch in flight
+    assert [m.answer for m in messages[2:]] == ["nack"] * 3  # queued, never started
+    assert s.worker.counters.batches == 1
+
+
+HOSTILE_TEXT = st.text(max_size=30) | st.sampled_from(["\ud800", "a\x00b", "\udfff"])
+HOSTILE_VALUE = st.recursive(
+    st.none() | st.booleans() | HOSTILE_TEXT | st.integers(-(2**80), 2**80) | st.floats(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(HOSTILE_TEXT, inner, max_size=3),
+    max_leaves=10)
+
+
+def hostile_body(value: Any, depth: int, wide: int) -> bytes:
+    inner = json.dumps({"v": value, "wide": [0] * wide})
+    data = '{"d":' * depth + inner + "}" * depth  # deeper than json.dumps could write
+    head = json.dumps({"event_type": "TEST", "event_version": "v1", "entity_metadata": ENTITY})
+    return (head[:-1] + ', "entity_data": ' + data + "}").encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=HOSTILE_VALUE, depth=st.sampled_from([0, 5, 200, 5000]),
+       wide=st.sampled_from([0, 10, 200_000]),
+       raw=st.binary(max_size=40), key=HOSTILE_TEXT)
+def test_whatever_a_batch_holds_every_message_is_answered_and_none_is_lost(
+        value: Any, depth: int, wide: int, raw: bytes, key: str) -> None:
+    s = setup()
+    batch = [FakeMessage(hostile_body(value, depth, wide), {"idempotency_key": key}, "m-1"),
+             FakeMessage(raw, {"idempotency_key": key, "event_type": "TEST"}, "m-2"),
+             FakeMessage(b"\xff\xfe" + raw, {}, "m-3"), message(9)]
+    results = s.worker.run_batch(batch)
+    for m, result in zip(batch, results, strict=True):
+        assert m.answer in ("ack", "nack")
+        if m.answer == "ack":  # acked: its record exists (stored, or a duplicate of one)
+            assert s.store.get(result.key) is not None, (m, result)
+        else:
+            assert result.outcome.value in ("retry", "unavailable", "in_progress")
+    assert batch[-1].answer == "ack"
