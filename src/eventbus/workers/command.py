@@ -3,6 +3,7 @@
     eventbus worker [--app main:app] [--subscription NAME] [--batch-size 100]
                     [--batch-wait-ms 50] [--concurrency N] [--max-messages N]
                     [--max-bytes N] [--rate EVENTS_PER_SECOND]
+                    [--lease-extension SECONDS]
 
 Run from the project root (the app is imported from there, as gunicorn does),
 with the service's environment (``MONGODB_URI``, ``PUBSUB_EMULATOR_HOST``,
@@ -28,6 +29,11 @@ from eventbus.workers.pull import Inbox, PullWorker
 from eventbus.workers.rate import RateLimit
 
 MB = 1024 * 1024
+# The client library extends the ack deadline of every message it holds by up to
+# the 99th percentile of its ack latency (at most 600 s). A SIGKILLed worker's
+# messages are redelivered only when that deadline runs out, so the extension is
+# capped: a minute bounds the wait after a crash, at one modack a minute per message.
+LEASE_EXTENSION = 60
 
 
 def add(commands: Any, positive: Any, load_app: Any) -> None:
@@ -45,6 +51,9 @@ def add(commands: Any, positive: Any, load_app: Any) -> None:
     worker.add_argument("--max-bytes", type=positive, default=100 * MB,
                         help="flow control: bytes held at once (default 100 MB)")
     worker.add_argument("--rate", type=_rate, help="at most this many events per second")
+    worker.add_argument("--lease-extension", type=positive, default=LEASE_EXTENSION,
+                        help="the longest ack-deadline extension asked for at once: after a "
+                             "crash, the worker's messages come back within it (default 60 s)")
     worker.set_defaults(run=lambda args, tools: run(args, tools, load_app))
 
 
@@ -99,7 +108,7 @@ def run(args: argparse.Namespace, tools: Any, load_app: Any) -> int:
           f"{', exactly-once' if subscription.exactly_once else ''})", file=tools.err,
           flush=True)
     with subscription.streaming(worker.inbox, args.max_messages or 2 * args.batch_size,
-                                args.max_bytes):
+                                args.max_bytes, args.lease_extension):
         counters = worker.run()
     worker.runner.close()
     print(f"eventbus worker: stopped after {counters.batches} batches, {counters.acked} acked, "

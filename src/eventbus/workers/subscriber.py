@@ -49,9 +49,15 @@ class Subscription:
         return cls(client, path, bool(found.enable_exactly_once_delivery))
 
     @contextlib.contextmanager
-    def streaming(self, inbox: Inbox, max_messages: int, max_bytes: int) -> Iterator[None]:
-        """Pull into ``inbox`` for the duration of the block; then stop pulling and close."""
-        flow = pubsub_v1.types.FlowControl(max_messages=max_messages, max_bytes=max_bytes)
+    def streaming(self, inbox: Inbox, max_messages: int, max_bytes: int,
+                  lease_extension: int = 60) -> Iterator[None]:
+        """Pull into ``inbox`` for the duration of the block; then stop pulling and close.
+
+        ``lease_extension`` caps each ack-deadline extension the library asks
+        for, so the messages of a killed worker come back within it.
+        """
+        flow = pubsub_v1.types.FlowControl(max_messages=max_messages, max_bytes=max_bytes,
+                                           max_duration_per_lease_extension=lease_extension)
         future = self.client.subscribe(self.path, callback=inbox.put, flow_control=flow)
         try:
             yield
