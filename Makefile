@@ -14,7 +14,7 @@ lint:
 	bash infra/venv.sh && .venv/bin/ruff check . && .venv/bin/mypy src handlers infra main.py
 
 bench:      ## benchmarks: ratios against baselines measured in the same run
-	bash infra/venv.sh && .venv/bin/python infra/localdb/bench/store_ops.py && .venv/bin/python infra/localdb/bench/growth.py && .venv/bin/python bench/handler.py
+	bash infra/venv.sh && .venv/bin/python infra/localdb/bench/store_ops.py && .venv/bin/python infra/localdb/bench/growth.py && .venv/bin/python bench/handler.py && .venv/bin/python bench/pull.py
 
 venv:
 	bash infra/venv.sh

@@ -1,7 +1,8 @@
 """The partner app: business handlers, partner calls, settings and the demo.
 
-Each domain module fills a ``Router`` of its own (``routes``); ``create_router``
-includes them into the one router the app gives to ``eventbus.create_app``.
+Each domain module fills a ``Router`` of its own (``routes``); ``public``
+declares what is forwarded to public topics; ``create_router`` includes them
+into the one router the app gives to ``eventbus.create_app``.
 A handler is a function of one ``Context``:
 
 * return normally → the event is stored SUCCESS and acked;
@@ -20,7 +21,7 @@ import requests
 
 from eventbus import Router
 from eventbus.telemetry.http import logging_session
-from handlers import notifications, orders, promotions, subscriptions
+from handlers import notifications, orders, promotions, public, subscriptions
 from handlers.settings import AppSettings
 
 __all__ = ["AppSettings", "create_router"]
@@ -34,7 +35,8 @@ def create_router(settings: AppSettings, session: requests.Session | None = None
     """
     partners = logging_session(session)
     router = Router().include(orders.routes, subscriptions.routes, promotions.routes,
-                              notifications.create_routes(settings.partners, partners))
+                              notifications.create_routes(settings.partners, partners),
+                              public.routes)
     for name in settings.partners.extra_modules:
         router.include(importlib.import_module(name).routes)
     return router

@@ -22,7 +22,7 @@ Test handlers without any server: ``eventbus.testing.LocalBus``.
 The layers, each a package that says what it may import:
 
 * ``eventbus.model``     the message model and rules: event, keys, errors, status,
-                         router, context (pure, no I/O);
+                         router, context, public contracts and forwards (pure, no I/O);
 * ``eventbus.settings``  the frozen ``Settings``, read once from the environment;
 * ``eventbus.store``     storage, the only layer that talks to the collections:
                          protocol, documents, MongoDB, in-memory;
@@ -32,6 +32,8 @@ The layers, each a package that says what it may import:
 * ``eventbus.deadline``  outbound HTTP calls that end within a total deadline;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
+* ``eventbus.contracts`` public contracts as files: schemas, the compatibility check;
+* ``eventbus.workers``   the pull worker: batches from a pull subscription;
 * ``eventbus.ops``       the ``eventbus`` console script and the cascade view;
 * ``eventbus.testing``   ``LocalBus``, a fake clock, a capturing publisher.
 
@@ -44,7 +46,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from eventbus.model.context import Context
+from eventbus.model.contract import contract
 from eventbus.model.errors import PermanentError, TransientError
+from eventbus.model.forward import path
 from eventbus.model.router import Router
 from eventbus.pubsub.publisher import Publisher, publish
 from eventbus.settings import Settings
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
     from eventbus.web.app import create_app, push_target
 
 __all__ = ["Context", "PermanentError", "Publisher", "Router", "Settings", "TransientError",
-           "create_app", "publish", "push_target"]
+           "contract", "create_app", "path", "publish", "push_target"]
 
 _LAZY = {"create_app": "eventbus.web.app", "push_target": "eventbus.web.app"}
 

@@ -64,6 +64,8 @@ class Message:
     attributes: dict[str, str]
     ordering_key: str
     timeout: float | None
+    topic: str | None = None
+    """The public topic it went to; None for the event bus."""
 
 
 class CapturingPublisher:
@@ -81,7 +83,8 @@ class CapturingPublisher:
         self._ids = itertools.count(1)
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str] | None = None, *,
-                        ordering_key: str | None = None, timeout: float | None = None) -> str:
+                        ordering_key: str | None = None, timeout: float | None = None,
+                        topic: str | None = None) -> str:
         """Keep the message (or fail, while ``failures`` last); return its id."""
         self.tries += 1
         if self.on_publish is not None:
@@ -90,7 +93,7 @@ class CapturingPublisher:
             self.failures -= 1
             raise PublishError("injected publish failure")
         message = Message(f"msg-{next(self._ids)}", data, dict(attributes or {}),
-                          ordering_key or "", timeout)
+                          ordering_key or "", timeout, topic)
         self.messages.append(message)
         return message.message_id
 
@@ -129,6 +132,8 @@ class LocalBus:
         """Every delivery's result, in the order they ran."""
         self.messages: dict[str, Message] = {}
         """The last message seen under each idempotency key, for ``redeliver``."""
+        self.forwarded: dict[str, list[Message]] = {}
+        """What went to each public topic (``Router.forward``), in order; never delivered."""
 
     def publish(self, event_type: str, data: Mapping[str, Any], *, entity: Entity,
                 idempotency_key: str | None = None, ordering_key: str | None = None,
@@ -156,13 +161,23 @@ class LocalBus:
 
     def drain(self) -> list[Result]:
         """Deliver every captured message, and what they emit, until none is left."""
-        queue = collections.deque(self.publisher.take())
+        queue = collections.deque(self._bus_messages())
         ran: list[Result] = []
         while queue:
             ran.append(self._deliver(queue.popleft()))
-            queue.extend(self.publisher.take())
+            queue.extend(self._bus_messages())
         self.results.extend(ran)
         return ran
+
+    def _bus_messages(self) -> list[Message]:
+        """What was published to the bus; what went to a public topic is kept aside."""
+        bus = []
+        for message in self.publisher.take():
+            if message.topic is None:
+                bus.append(message)
+            else:
+                self.forwarded.setdefault(message.topic, []).append(message)
+        return bus
 
     def _deliver(self, message: Message) -> Result:
         result = self.processor.process(self._delivery(message))

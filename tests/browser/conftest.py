@@ -58,8 +58,11 @@ class Pusher:
         self.processor, self.sent = processor, 0
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str], *,
-                        ordering_key: str | None = None, timeout: float | None = None) -> str:
+                        ordering_key: str | None = None, timeout: float | None = None,
+                        topic: str | None = None) -> str:
         self.sent += 1
+        if topic is not None:  # a public topic: nothing here subscribes to it
+            return f"public-{self.sent}"
         delivery = Delivery(data, dict(attributes), message_id=f"replay-{self.sent}",
                             subscription="projects/local-project/subscriptions/browser")
         threading.Timer(0.3, self.processor.process, args=(delivery,)).start()

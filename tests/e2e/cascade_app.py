@@ -44,11 +44,12 @@ class FailingFirstPublish:
         self.inner = inner
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str], *,
-                        ordering_key: str | None = None, timeout: float | None = None) -> str:
+                        ordering_key: str | None = None, timeout: float | None = None,
+                        topic: str | None = None) -> str:
         if fires_once("relay-publish"):
             raise PublishError("injected: the relay's first publish fails")
         return self.inner.publish_message(data, attributes, ordering_key=ordering_key,
-                                          timeout=timeout)
+                                          timeout=timeout, topic=topic)
 
 
 def sent_failing_first(context: Context) -> None:

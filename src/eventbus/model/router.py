@@ -15,16 +15,23 @@ A handler that returns acks its message; a handler that raises nacks it
 (see ``eventbus.model.errors.Classifier``). Each ``event_type`` has exactly one
 handler, which declares the versions it reads; upcasters turn older
 versions into one of those before the handler runs.
+
+A router also holds its **forwards** (``Router.forward``): which events it
+makes public on dedicated topics, under which contract (see
+``eventbus.model.forward``). ``check`` refuses a forward of an internal or
+unhandled type; the processor calls it when the app is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from eventbus.model.context import Context
 from eventbus.model.errors import DuplicateHandler, UnknownEventType, UnsupportedVersion
 from eventbus.model.event import Event
+from eventbus.model.forward import Forward, Forwards, Path
 
 Handler = Callable[[Context], None]
 Upcaster = Callable[[Event], Event]
@@ -62,6 +69,7 @@ class Router:
 
     def __init__(self) -> None:
         self._routes: dict[str, Route] = {}
+        self.forwards = Forwards()
 
     def handler(self, event_type: str, *, versions: tuple[str, ...] = ("v1",),
                 upcasters: Mapping[str, Upcaster] | None = None,
@@ -90,6 +98,25 @@ class Router:
         for other in others:
             for route in other._routes.values():
                 self.add(route)
+            self.forwards.include(other.forwards)
+        return self
+
+    def forward(self, event_type: str, *, topic: str, contract: Any,
+                fields: Mapping[str, str | Path],
+                when: Mapping[str, Iterable[Any]] | None = None) -> Forward:
+        """Forward each SUCCESS of ``event_type`` to the public ``topic`` as ``contract``.
+
+        ``contract`` is a class marked ``@contract``; ``fields`` maps its fields
+        to dotted paths of the event; ``when`` keeps events whose values at
+        those paths are among the given ones. ``ContractError`` for a
+        declaration that cannot work (see ``eventbus.model.forward``).
+        """
+        return self.forwards.add(event_type, topic=topic, contract=contract, fields=fields,
+                                 when=when)
+
+    def check(self) -> Router:
+        """Refuse forwards of internal or unhandled types (``ContractError``); return self."""
+        self.forwards.check({t: route.internal for t, route in self._routes.items()})
         return self
 
     def route_for(self, event: Event) -> Route:

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from eventbus.model.forward import is_forward
 from eventbus.model.status import Status
 from eventbus.ops.render import safe
 from eventbus.store.base import EventStore
@@ -48,7 +49,8 @@ def load(store: EventStore, key: str) -> Node | None:
 def _tree(store: EventStore, document: Mapping[str, Any] | None,
           entry: Mapping[str, Any] | None, depth: int) -> Node:
     node = _node(document, entry)
-    outbox = list((document or {}).get("outbox", []))
+    # Forwards to public topics are shown with the event (``eventbus show``), not as children.
+    outbox = [entry for entry in (document or {}).get("outbox", []) if not is_forward(entry)]
     if not outbox or depth >= MAX_DEPTH:
         return node
     keys = [str(child.get("idempotency_key")) for child in outbox]

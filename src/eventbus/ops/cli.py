@@ -11,7 +11,10 @@ tells each one's options:
 
 * ``failed``, ``history --partner ID``, ``show KEY``, ``stats``, ``retries``;
 * ``replay KEY...|--group ID|FILTERS``, ``dlq drain``;
-* ``console [--port N] [--read-only]``.
+* ``console [--port N] [--read-only]``;
+* ``redrive [--once]``, ``worker`` (the pull worker, ``eventbus.workers``);
+* ``contracts write|check``, ``peek TOPIC``: public topics
+  (``eventbus.ops.commands.public``).
 
 The commands of the bus itself:
 
@@ -48,7 +51,7 @@ from eventbus.model.event import Event
 from eventbus.model.keys import record_key, rejected_key
 from eventbus.model.status import Status
 from eventbus.ops import cascade, dotenv, jsonfile
-from eventbus.ops.commands import console, queries, repair, sweepers
+from eventbus.ops.commands import console, public, queries, repair, sweepers
 from eventbus.ops.commands.common import Tools, UsageError, load_app, positive
 from eventbus.ops.config import OpsSettings
 from eventbus.ops.render import safe
@@ -297,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
     trace_ = commands.add_parser("trace", help="print the cascade of an event from its root")
     trace_.add_argument("key", help="the idempotency key of any event of the cascade")
     trace_.set_defaults(run=cmd_trace)
-    for module in (queries, repair, console, sweepers):
+    for module in (queries, repair, console, sweepers, public):
         module.add(commands)
     worker.add(commands, positive, load_app)
     return root

@@ -21,6 +21,11 @@ Publishing is at least once: a publish whose answer was lost, or two relays
 on the same entry, publish a child twice. That is harmless, because the
 child's key is stable and the receiver's claim deduplicates it.
 
+An entry may also **forward** its event to a public topic
+(``eventbus.model.forward``): the relay publishes its contract body to that
+topic with ``idempotency_key`` = the source event's key, ``contract``,
+``contract_version`` and ``forward_id`` attributes, and marks it the same way.
+
 A child was validated once, when the handler emitted it; the relay
 serialises the stored entry into the message without parsing it again.
 Each entry also carries the trace context it was emitted in; the relay
@@ -44,6 +49,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from eventbus.model.errors import EventBusError, InvalidEvent, PublishError
+from eventbus.model.forward import is_forward
 from eventbus.model.keys import CASCADE_LINKS, canonical_json
 from eventbus.model.status import Status
 from eventbus.pubsub.message import MessagePublisher, message_attributes
@@ -194,6 +200,9 @@ class Relay:
                       carried: Mapping[str, str]) -> str:
         data, attributes = outbox_message(entry)
         attributes.update(carried)
+        if is_forward(entry):  # to its public topic; the default topic is the bus
+            return self.publisher.publish_message(data, attributes, topic=str(entry["topic"]),
+                                                  timeout=self._remaining(deadline))
         return self.publisher.publish_message(data, attributes,
                                               ordering_key=entry.get("ordering_key") or None,
                                               timeout=self._remaining(deadline))
@@ -219,6 +228,8 @@ def outbox_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
     the entry (``traceparent``/``tracestate``), so the child joins its parent's trace.
     Raise ``InvalidEvent`` for an entry that lost the fields every entry gets.
     """
+    if is_forward(entry):
+        return forward_message(entry)
     try:
         body = {name: entry[name] for name in _EVENT_FIELDS}
         key = str(entry["idempotency_key"])
@@ -230,3 +241,24 @@ def outbox_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
         links.update(emitted.attributes())
     data = canonical_json(body).encode()
     return data, message_attributes(body["event_type"], body["event_version"], key, links)
+
+
+def forward_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
+    """Return the data and attributes of a forwarding entry: its contract body, public names.
+
+    Only the contract's names go out: the internal event type and cascade
+    links stay on the bus. ``idempotency_key`` is the source event's key (a
+    consumer deduplicates on it); ``forward_id`` names this one message.
+    """
+    try:
+        data = canonical_json(entry["body"]).encode()
+        attributes = {"idempotency_key": str(entry["source_key"]),
+                      "contract": str(entry["contract"]),
+                      "contract_version": str(entry["contract_version"]),
+                      "forward_id": str(entry["idempotency_key"])}
+    except KeyError as exc:
+        raise InvalidEvent(f"forwarding entry has no {exc}") from None
+    emitted = context.from_attributes(entry)
+    if emitted is not None:
+        attributes.update(emitted.attributes())
+    return data, attributes

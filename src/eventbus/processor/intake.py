@@ -24,6 +24,7 @@ from eventbus.model import content
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import ContentProblem, ForgedLink, InternalOnly, InvalidEvent
 from eventbus.model.event import Event, parse_event
+from eventbus.model.forward import is_forward
 from eventbus.model.keys import (
     REPLAY_OF,
     canonical_json,
@@ -167,7 +168,7 @@ def _listed(parent: Mapping[str, Any] | None, key: str,
     if parent is None or parent.get("event_status") != Status.SUCCESS:
         return None
     for entry in parent.get("outbox", []):
-        if entry.get("idempotency_key") == key and \
+        if entry.get("idempotency_key") == key and not is_forward(entry) and \
                 entry.get("payload_fingerprint") in (payload, None):
             return entry
     return None

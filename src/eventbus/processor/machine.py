@@ -71,6 +71,7 @@ class Processor:
                  classifier: Classifier | None = None,
                  heartbeat: Heartbeat | None = None, telemetry: Telemetry | None = None) -> None:
         self.store, self.router, self.settings, self.now = store, router, settings, now
+        router.check()  # a forward of an internal or unhandled type stops the app here
         self.telemetry = telemetry or Telemetry()
         self.after_success = after_success
         self.classifier = classifier or Classifier()
@@ -181,9 +182,11 @@ class Processor:
 
     def _succeed(self, located: Located, claim: Claim, context: Context) -> Result:
         now, key = self.now(), located.key
-        outbox = self.telemetry.stamp([child.to_document(key, context.root_key,
-                                                         documents.bson_time(now))
-                                       for child in context.children])
+        created = documents.bson_time(now)
+        outbox = [child.to_document(key, context.root_key, created) for child in context.children]
+        outbox += self.router.forwards.entries(context.event, key, context.root_key, created,
+                                               (claim.previous or {}).get("outbox", ()))
+        outbox = self.telemetry.stamp(outbox)
         try:
             with self.telemetry.span("finish"):
                 stored = self.store.succeed(key, claim.owner, now, outbox)
@@ -195,7 +198,7 @@ class Processor:
             with self.telemetry.span("relay"):
                 _run_hook(self.after_success, key, outbox)
         return Result(Outcome.PROCESSED, key=key, event_type=_type(located),
-                      attempt=claim.attempt, children=len(outbox))
+                      attempt=claim.attempt, children=len(context.children))
 
     def _fail(self, located: Located, claim: Claim, exc: Exception) -> Result:
         kind = self.classifier.classify(exc)

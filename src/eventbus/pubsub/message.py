@@ -26,8 +26,13 @@ class MessagePublisher(Protocol):
     """What the relay and the operator commands need from a publisher; tests pass a fake."""
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str], *,
-                        ordering_key: str | None = None, timeout: float | None = None) -> str:
-        """Publish one message as it is; return its message id or raise ``PublishError``."""
+                        ordering_key: str | None = None, timeout: float | None = None,
+                        topic: str | None = None) -> str:
+        """Publish one message as it is; return its message id or raise ``PublishError``.
+
+        ``topic`` names another topic of the same project (a public topic);
+        the default is the event bus.
+        """
         ...
 
 

@@ -38,6 +38,7 @@ class Publisher:
                  timeout: float = 30.0) -> None:
         options = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
         self.client = client or pubsub_v1.PublisherClient(publisher_options=options)
+        self.project = project_id
         self.topic_path = self.client.topic_path(project_id, topic)
         self.timeout = timeout
         self.host = os.environ.get("PUBSUB_EMULATOR_HOST") or "pubsub.googleapis.com"
@@ -74,18 +75,21 @@ class Publisher:
         return self.publish_message(data, attrs, ordering_key=ordering_key, timeout=timeout)
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str] | None = None, *,
-                        ordering_key: str | None = None, timeout: float | None = None) -> str:
+                        ordering_key: str | None = None, timeout: float | None = None,
+                        topic: str | None = None) -> str:
         """Publish ``data`` as it is, unchecked (relayed children, demos of invalid payloads).
 
+        ``topic`` is another topic of the project (a public topic); default the bus.
         Writes one ``REQUEST_OUTBOUND`` line. Attributes without a ``traceparent``
         get the caller's trace context, so the receiver joins the caller's trace.
         """
         attributes = context.carried(attributes or {})
+        path = self.topic_path if topic is None else self.client.topic_path(self.project, topic)
         try:
-            with outbound_call("POST", self.host, f"/v1/{self.topic_path}:publish",
-                               target=self.topic_path, kind="publish",
+            with outbound_call("POST", self.host, f"/v1/{path}:publish",
+                               target=path, kind="publish",
                                key=attributes.get("idempotency_key", "")) as answer:
-                future = self.client.publish(self.topic_path, data,
+                future = self.client.publish(path, data,
                                              ordering_key=ordering_key or "", **attributes)
                 message_id = str(future.result(
                     timeout=self.timeout if timeout is None else timeout))
@@ -94,8 +98,8 @@ class Publisher:
         except Exception as exc:  # the client raises many types; all mean "not published"
             if ordering_key:
                 # A failed ordered publish pauses the key until it is resumed.
-                self.client.resume_publish(self.topic_path, ordering_key)
-            raise PublishError(f"publish to {self.topic_path} failed: "
+                self.client.resume_publish(path, ordering_key)
+            raise PublishError(f"publish to {path} failed: "
                                f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -113,10 +117,14 @@ class LazyPublisher:
         self._lock = threading.Lock()
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str], *,
-                        ordering_key: str | None = None, timeout: float | None = None) -> str:
+                        ordering_key: str | None = None, timeout: float | None = None,
+                        topic: str | None = None) -> str:
         """Publish through the real publisher, building it first if needed."""
+        if topic is None:  # publishers written before public topics take no topic
+            return self._get().publish_message(data, attributes, ordering_key=ordering_key,
+                                               timeout=timeout)
         return self._get().publish_message(data, attributes, ordering_key=ordering_key,
-                                           timeout=timeout)
+                                           timeout=timeout, topic=topic)
 
     def _get(self) -> MessagePublisher:
         with self._lock:

@@ -21,6 +21,7 @@ from eventbus.model import content, keys
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent
 from eventbus.model.event import DIRECTIONS, Event, json_object
+from eventbus.model.forward import is_forward
 from eventbus.model.status import Status
 
 PENDING, PROCESSING, SUCCESS, FAILED = (Status.PENDING.value, Status.PROCESSING.value,
@@ -614,6 +615,8 @@ def guard_finish_update(now: datetime, *, succeeded: bool,
 SUMMARY_FIELDS = ("idempotency_key", "event_type", "event_status", "retryable", "error",
                   "outbox", "root_key")
 """What ``summaries`` returns of each event (of ``outbox``, only the child keys)."""
+SUMMARY_OUTBOX_FIELDS = ("idempotency_key", "kind")
+"""What a summary's query reads of each outbox entry."""
 
 
 def cascade_filter(roots: Sequence[str]) -> dict[str, Any]:
@@ -623,9 +626,12 @@ def cascade_filter(roots: Sequence[str]) -> dict[str, Any]:
 
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the summary fields of ``record``; the outbox keeps only its child keys."""
+    """Return the summary fields of ``record``; the outbox keeps only its child keys.
+
+    Forwards to public topics are not children (no event is stored for them).
+    """
     kept = {name: record[name] for name in SUMMARY_FIELDS if name in record}
     if "outbox" in kept:
         kept["outbox"] = [{"idempotency_key": child.get("idempotency_key")}
-                          for child in kept["outbox"]]
+                          for child in kept["outbox"] if not is_forward(child)]
     return kept

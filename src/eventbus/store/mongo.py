@@ -309,7 +309,7 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin):
         """Return the summary fields of every event, or of the cascades from ``roots``."""
         query = {} if roots is None else documents.cascade_filter(list(roots))
         projection = {name: 1 for name in documents.SUMMARY_FIELDS if name != "outbox"}
-        projection["outbox.idempotency_key"] = 1
+        projection.update({f"outbox.{name}": 1 for name in documents.SUMMARY_OUTBOX_FIELDS})
         with _unavailable("summarise", "events"):
             return [documents.summary(doc) for doc in self._collection.find(query, projection)]
 

@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from eventbus.model.forward import is_forward
 from eventbus.ops import backoff, cascade
 from eventbus.ops.commands.common import (
     Tools,
@@ -169,12 +170,31 @@ def show_text(view: EventView) -> str:
             ["at", "by", "why", "attempt", "data"],
             [[r.get("at"), r.get("by"), r.get("why"), r.get("attempt"),
               to_json(r["data"]) if "data" in r else ""] for r in replays]))]
+    forwards = forwarded(record)
+    if forwards:
+        lines += ["", "forwarded:", _indent(table(
+            ["topic", "contract", "status", "message id", "at / error"], forwards))]
     if view.tree is not None:
         lines += ["", "cascade:", _indent(cascade.render(view.tree, marked=view.key))]
     body = record.get("entity_data") if "raw_payload" not in record else record["raw_payload"]
     lines += ["", "raw_payload:" if "raw_payload" in record else "entity_data:",
               _indent(to_json(body))]
     return "\n".join(lines)
+
+
+def forwarded(record: Mapping[str, Any]) -> list[list[str]]:
+    """One row per forward to a public topic: topic, contract, state, message id, when or why."""
+    rows = []
+    for entry in record.get("outbox", []):
+        if isinstance(entry, Mapping) and is_forward(entry):
+            error = entry.get("error") or entry.get("last_error") or {}
+            why = error.get("message", "") if isinstance(error, Mapping) else ""
+            at = entry.get("published_at")
+            rows.append([safe(entry.get("topic")),
+                         safe(f"{entry.get('contract')}@{entry.get('contract_version')}"),
+                         safe(entry.get("status")), safe(entry.get("messageId") or ""),
+                         safe(why) if why else str(at or "")])
+    return rows
 
 
 def _summary(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
