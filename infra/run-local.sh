@@ -116,6 +116,9 @@ Backoff:         .venv/bin/eventbus retries
 Last 24 hours:   .venv/bin/eventbus stats
 Dead letters:    .venv/bin/eventbus dlq drain
 Publish more:    .venv/bin/eventbus publish handlers/samples/partner_events.json
+Public topic:    .venv/bin/eventbus peek order-status
+                 (what the app forwarded to its public topic, from order-status-local;
+                 contracts in docs/contracts/, see docs/PUBLIC_TOPICS.md)
 Pull worker:     .venv/bin/eventbus worker
                  (the same handlers over $EVENTBUS_PULL_SUBSCRIPTION, which holds every event
                  published since the emulator started; those push has finished are acked

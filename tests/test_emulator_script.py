@@ -44,6 +44,9 @@ DEFAULT_NAMES = {
     "partner-events-push": "push subscription",
     "partner-events-pull": "pull subscription",
     "partner-events-dlq-pull": "pull subscription",
+    # The app's public topic (docs/contracts/topics.json) and the subscription `peek` reads.
+    "order-status": "topic",
+    "order-status-local": "pull subscription",
 }
 EVENT = {
     "event_type": "OR_MGMT",

@@ -4,8 +4,10 @@
   nothing listens, 2 when something else does.
 - ``check``: validate the environment's settings (exit 2 with one line if bad).
 - ``ensure``: create or update the topic, dead-letter topic, push subscription,
-  the worker's pull subscription and the dead-letter pull subscription; print a
-  table of what it did.
+  the worker's pull subscription and the dead-letter pull subscription, and
+  each public topic of the app (``docs/contracts/topics.json``, or
+  ``$EVENTBUS_CONTRACTS_DIR/topics.json``) with a pull subscription
+  ``<topic>-local`` that ``eventbus peek TOPIC`` reads; print a table of what it did.
 - ``list``: print the project's topics and subscriptions.
 
 Settings come from the environment (see pubsub-emulator.sh); the google
@@ -14,14 +16,27 @@ client is imported only by ``ensure`` and ``list`` so the probes stay fast.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from infra.pubsub.config import DEFAULT_HOST, ConfigError, Layout
 from infra.pubsub.probe import ping
 
 PROG = "pubsub-emulator"
+CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts"
+
+
+def public_topics(environ: dict[str, str] | None = None) -> list[str]:
+    """The app's public topics, from the checked-in manifest (none when there is none)."""
+    directory = Path((environ or dict(os.environ)).get("EVENTBUS_CONTRACTS_DIR") or CONTRACTS)
+    try:
+        manifest = json.loads((directory / "topics.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    return sorted(manifest.get("topics", {}))
 
 
 def ensure(layout: Layout) -> None:
@@ -57,6 +72,9 @@ def ensure(layout: Layout) -> None:
                     layout.policy.ack_deadline,
                 )
             )
+        for topic in public_topics():
+            outcomes.append(admin.ensure_topic(topic))
+            outcomes.append(admin.ensure_pull_subscription(f"{topic}-local", topic))
     print(f"project {layout.project} on emulator {layout.host}")
     # State before details: details are long, and the state is what a re-run changes.
     rows = [(o.resource, o.name, o.state, o.details) for o in outcomes]

@@ -83,6 +83,7 @@ def emulator(
             pytest.fail(
                 f"E2E_REUSE_EMULATOR=1 but no Pub/Sub emulator answers at {reuse}", pytrace=False
             )
+        public_topics_exist(reuse)
         yield reuse
         return
     missing = emulator_prerequisites()
@@ -93,9 +94,24 @@ def emulator(
     except EmulatorError as exc:
         pytest.fail(f"the Pub/Sub emulator did not start:\n{exc}", pytrace=False)
     request.session.stash[_EMULATOR] = script
+    public_topics_exist(script.host_port)
     yield script.host_port
     del request.session.stash[_EMULATOR]
     script.stop()
+
+
+def public_topics_exist(host: str) -> None:
+    """Create the app's public topics, as ``pubsub-emulator.sh start`` does.
+
+    Every order the app processes is forwarded to them; a test that reads
+    one subscribes itself (a subscription holds what is published after it).
+    """
+    from infra.pubsub.__main__ import public_topics
+    from infra.pubsub.resources import Admin
+
+    with Admin(host, E2E_PROJECT) as admin:
+        for topic in public_topics():
+            admin.ensure_topic(topic)
 
 
 @pytest.fixture
