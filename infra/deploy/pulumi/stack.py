@@ -14,7 +14,9 @@ What it wires (see ``infra/deploy/README.md``):
   each run by Cloud Scheduler;
 * a log-based metric of events failed for good, and alerts on it and on the 5xx rate;
 * with ``consumer`` ``pull`` or ``both``, the pull worker beside or instead of the push
-  handler: its subscription, identity, worker pool and alerts (``worker.py``).
+  handler: its subscription, identity, worker pool and alerts (``worker.py``);
+* the app's public topics with their schemas, and each declared consumer's own
+  subscription and grant (``public.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, TypeVar
 
+import public
 import pulumi
 import pulumi_gcp as gcp
 import worker
@@ -105,6 +108,9 @@ class DeployConfig:
     worker_rate: float = 0.0
     worker_args: tuple[str, ...] = ()
     backlog_alert_seconds: int = 3600
+    # Public topics (public.py): the contract files, and who consumes which topic.
+    public_contracts: str = ""
+    public_consumers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -202,7 +208,8 @@ def config_problems(c: DeployConfig) -> list[str]:
         "target function needs functionSource (a zip of the source)":
             c.target != "function" or bool(c.function_source),
     }
-    return [rule for rule, holds in rules.items() if not holds] + worker.config_problems(c)
+    return [rule for rule, holds in rules.items() if not holds] + worker.config_problems(c) + \
+        public.config_problems(c)
 
 
 def camel(name: str) -> str:
@@ -265,6 +272,7 @@ class _Stack:
         self.agent_grants()
         if self.c.pull_enabled:
             worker.declare(self)
+        public.declare(self)  # after the worker: its account publishes forwards too
         for spec in self.c.jobs:
             self.scheduled_job(spec)
         if self.c.push_enabled:
@@ -558,6 +566,8 @@ def exports(config: DeployConfig, resources: Resources) -> dict[str, Any]:
         "deadLetterSubscription": config.dead_letter_subscription,
         "jobs": [f"{config.service}-{spec.name}" for spec in config.jobs],
         **worker.exports(config),
+        "publicTopics": sorted(public.manifest(config)),
+        "publicSubscriptions": [k.subscription for k in public.consumers(config)],
     }
     if not config.push_enabled:
         return common

@@ -66,8 +66,11 @@ RUN = stack.DeployConfig(project="acme-prod", region="europe-west1",
                          notification_channels=("projects/acme-prod/notificationChannels/42",))
 FUNCTION = replace(RUN, target="function", function_source="/tmp/source-abc123.zip")
 PULL = replace(RUN, consumer="pull")
+FULFILMENT = "serviceAccount:fulfilment@acme-prod.iam.gserviceaccount.com"
 BOTH = replace(RUN, consumer="both", pull_event_types=("PARTNER_NOTIFY", "OR_MGMT"),
-               pull_exactly_once=True)
+               pull_exactly_once=True,
+               public_consumers=(f"fulfilment:order-status:v2:{FULFILMENT}",
+                                 "audit:order-status:*:group:audit@acme.example"))
 CONFIGS = {"run": RUN, "function": FUNCTION, "pull": PULL, "both": BOTH}
 
 
@@ -517,10 +520,38 @@ def worker_checks(c: Any) -> dict[str, Check]:
     }
 
 
+def public_checks(c: Any) -> dict[str, Check]:
+    """Each public topic of the manifest: schema, topic, publishers; each consumer's own."""
+    grant, checks = "pubsub/topicIAMMember:TopicIAMMember", {}
+    publishers = [member(c.runtime_service_account_id, c)] + (
+        [member(c.worker_service_account_id, c)] if c.pull_enabled else [])
+    for topic, spec in stack.public.manifest(c).items():
+        definition = (stack.public.contracts_dir(c) / spec["schema"]).read_text()
+        checks[f"public {topic}: a PROTOCOL_BUFFER schema of the checked-in .proto"] = some(
+            "pubsub/schema:Schema", {"name": f"{topic}-schema", "type": "PROTOCOL_BUFFER",
+                                     "definition": definition})
+        checks[f"public {topic}: the topic validates JSON against the schema"] = some(
+            "pubsub/topic:Topic", {"name": topic, "schemaSettings.encoding": "JSON",
+                                   "schemaSettings.schema": f"public-schema-{topic}-id"})
+        for who in publishers:
+            checks[f"public {topic}: {who} publishes"] = some(
+                grant, {"topic": topic, "role": "roles/pubsub.publisher", "member": who})
+    for consumer in stack.public.consumers(c):
+        path = topic_path(c, consumer.topic)
+        checks[f"consumer {consumer.name}: its subscription"] = some(
+            "pubsub/subscription:Subscription", {"name": consumer.subscription, "topic": path},
+            where=lambda i, k=consumer: i.get("filter") == k.filter)
+        checks[f"consumer {consumer.name}: subscriber on its subscription only"] = some(
+            "pubsub/subscriptionIAMMember:SubscriptionIAMMember",
+            {"subscription": consumer.subscription, "role": "roles/pubsub.subscriber",
+             "member": consumer.member})
+    return checks
+
+
 def expectations(config: Any) -> dict[str, Check]:
     """Every piece of wiring a deployment of ``config`` must have, by description."""
     jobs = [job_checks(config, spec) for spec in config.jobs]
-    checks = {**messaging_checks(config), **grant_checks(config),
+    checks = {**messaging_checks(config), **grant_checks(config), **public_checks(config),
               **{k: v for checks in jobs for k, v in checks.items()}}
     if config.push_enabled:
         target = service_checks(config) if config.target == "run" else function_checks(config)

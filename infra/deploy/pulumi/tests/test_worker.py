@@ -140,6 +140,8 @@ def test_the_worker_may_use_its_own_subscription_and_the_topic_and_nothing_else(
             ("SubscriptionIAMMember", config.pull_subscription, "roles/pubsub.subscriber"),
             ("SubscriptionIAMMember", config.pull_subscription, "roles/pubsub.viewer"),
             ("TopicIAMMember", config.topic, "roles/pubsub.publisher"),
+            # The app's public topic: the worker's relay forwards to it.
+            ("TopicIAMMember", "order-status", "roles/pubsub.publisher"),
             ("SecretIamMember", config.mongodb_secret_id, "roles/secretmanager.secretAccessor"),
         }
 
