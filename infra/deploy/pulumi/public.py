@@ -98,12 +98,12 @@ def config_problems(c: DeployConfig) -> list[str]:
 
 def _consumer_problems(consumer: Consumer, topics: dict[str, Any]) -> list[str]:
     where = f"publicConsumers {consumer.name}"
+    served = topics.get(consumer.topic, {}).get("versions", [])
     rules = {
         f"{where}: the name is lowercase letters, digits and '-'": NAME.match(consumer.name),
         f"{where}: {consumer.topic!r} is not a public topic of the app": consumer.topic in topics,
         f"{where}: version {consumer.version!r} is not served":
-            VERSION.match(consumer.version) and (consumer.version == "*" or consumer.version in
-                                                 topics.get(consumer.topic, {}).get("versions", [])),
+            VERSION.match(consumer.version) and consumer.version in ("*", *served),
         f"{where}: the member is serviceAccount:, group:, user:, domain: or principal:...":
             MEMBER.match(consumer.member),
     }

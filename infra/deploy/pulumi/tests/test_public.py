@@ -82,5 +82,5 @@ def test_a_consumer_setting_that_cannot_work_is_refused(item: str, problem: str)
 
 
 def test_a_contracts_dir_without_a_manifest_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="no topics.json"):
+    with pytest.raises(ValueError, match=r"no topics\.json"):
         replace(RUN, public_contracts=str(tmp_path))
