@@ -128,7 +128,7 @@ def declare(stack: _Stack) -> None:
         worker = stack.out.get("worker-sa")
         if worker is not None:
             stack.topic_grant(f"worker-publishes-{topic}", public, "roles/pubsub.publisher",
-                              worker.member)  # type: ignore[attr-defined]
+                              worker.member)
         for consumer in (k for k in consumers(c) if k.topic == topic):
             _consumer(stack, public, consumer)
 

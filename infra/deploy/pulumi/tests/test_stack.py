@@ -539,8 +539,8 @@ def public_checks(c: Any) -> dict[str, Check]:
     for consumer in stack.public.consumers(c):
         path = topic_path(c, consumer.topic)
         checks[f"consumer {consumer.name}: its subscription"] = some(
-            "pubsub/subscription:Subscription", {"name": consumer.subscription, "topic": path},
-            where=lambda i, k=consumer: i.get("filter") == k.filter)
+            "pubsub/subscription:Subscription",
+            {"name": consumer.subscription, "topic": path, "filter": consumer.filter})
         checks[f"consumer {consumer.name}: subscriber on its subscription only"] = some(
             "pubsub/subscriptionIAMMember:SubscriptionIAMMember",
             {"subscription": consumer.subscription, "role": "roles/pubsub.subscriber",
