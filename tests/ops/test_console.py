@@ -357,3 +357,20 @@ def test_werkzeug_access_lines_never_carry_the_token(caplog: pytest.LogCaptureFi
         logging.getLogger("werkzeug").removeHandler(caplog.handler)
         server.shutdown()
     assert "GET /?a=1&token=*** HTTP" in caplog.text and TOKEN not in caplog.text
+
+
+def test_the_event_page_shows_what_was_forwarded_where(bus: Bus) -> None:
+    key = bus.deliver("SUB_MGMT").key
+    published = {"idempotency_key": f"{key}>order-status@v1", "kind": "public",
+                 "topic": "order-status", "contract": "order-status", "contract_version": "v1",
+                 "status": "PUBLISHED", "messageId": "msg-77", "published_at": bus.clock()}
+    refused = {**published, "idempotency_key": f"{key}>order-status@v2",
+               "contract_version": "v2", "status": "FAILED", "messageId": None,
+               "error": {"message": "line_items: <b>not a list</b>"}}
+    bus.store.collection.update_one({"idempotency_key": key},
+                                    {"$set": {"outbox": [published, refused]}})
+    page = get(signed_in(bus), "/event", query_string={"key": key}).get_data(as_text=True)
+    section = page[page.index('id="forwards"'):]
+    assert "order-status@v1" in section and "msg-77" in section and "PUBLISHED" in section
+    assert "order-status@v2" in section and "FAILED" in section
+    assert "&lt;b&gt;not a list&lt;/b&gt;" in section and "<b>not a list" not in page

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from eventbus.model.forward import forward_key
-from eventbus.ops.commands.queries import forwarded, show_text
-from eventbus.ops.operations import event_view
+from eventbus.ops.commands.queries import show_text
+from eventbus.ops.operations import event_view, forwarded
 from eventbus.outbox.relay import Relay
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore

@@ -23,10 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from eventbus.model.forward import is_forward
 from eventbus.model.keys import digest
 from eventbus.model.status import Status
 from eventbus.ops import cascade
-from eventbus.ops.render import from_epoch_ms
+from eventbus.ops.render import from_epoch_ms, safe
 from eventbus.store.base import Record
 from eventbus.store.operations import EventQuery, field
 
@@ -339,3 +340,18 @@ def percentile(values: Sequence[float], share: float) -> float | None:
     ordered = sorted(values)
     rank = max(int(-(-share * len(ordered) // 1)), 1)  # ceil, at least the first
     return ordered[min(rank, len(ordered)) - 1]
+
+
+def forwarded(record: Mapping[str, Any]) -> list[list[str]]:
+    """One row per forward to a public topic: topic, contract, state, message id, when or why."""
+    rows = []
+    for entry in record.get("outbox", []):
+        if isinstance(entry, Mapping) and is_forward(entry):
+            error = entry.get("error") or entry.get("last_error") or {}
+            why = error.get("message", "") if isinstance(error, Mapping) else ""
+            at = entry.get("published_at")
+            rows.append([safe(entry.get("topic")),
+                         safe(f"{entry.get('contract')}@{entry.get('contract_version')}"),
+                         safe(entry.get("status")), safe(entry.get("messageId") or ""),
+                         safe(why) if why else str(at or "")])
+    return rows

@@ -10,7 +10,6 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from eventbus.model.forward import is_forward
 from eventbus.ops import backoff, cascade
 from eventbus.ops.commands.common import (
     Tools,
@@ -26,6 +25,7 @@ from eventbus.ops.operations import (
     Stats,
     event_view,
     failed_groups,
+    forwarded,
     history,
     labels,
     stats,
@@ -180,21 +180,6 @@ def show_text(view: EventView) -> str:
     lines += ["", "raw_payload:" if "raw_payload" in record else "entity_data:",
               _indent(to_json(body))]
     return "\n".join(lines)
-
-
-def forwarded(record: Mapping[str, Any]) -> list[list[str]]:
-    """One row per forward to a public topic: topic, contract, state, message id, when or why."""
-    rows = []
-    for entry in record.get("outbox", []):
-        if isinstance(entry, Mapping) and is_forward(entry):
-            error = entry.get("error") or entry.get("last_error") or {}
-            why = error.get("message", "") if isinstance(error, Mapping) else ""
-            at = entry.get("published_at")
-            rows.append([safe(entry.get("topic")),
-                         safe(f"{entry.get('contract')}@{entry.get('contract_version')}"),
-                         safe(entry.get("status")), safe(entry.get("messageId") or ""),
-                         safe(why) if why else str(at or "")])
-    return rows
 
 
 def _summary(record: Mapping[str, Any]) -> list[tuple[str, Any]]:

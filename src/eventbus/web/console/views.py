@@ -153,7 +153,7 @@ def _failed_query(args: Mapping[str, str]) -> Any:
 
 @blueprint.get("/event")
 def event() -> Any:
-    """One event: document, attempt timeline, error, replays, cascade."""
+    """One event: document, attempt timeline, error, replays, forwards, cascade."""
     key = flask.request.args.get("key", "")
     view = ops.event_view(console().store, key)
     if view is None:
@@ -161,6 +161,7 @@ def event() -> Any:
     return flask.render_template("event.html", view=view, record=view.record,
                                  chart=charts.timeline(view.attempts),
                                  document=to_json(view.record),
+                                 forwards=ops.forwarded(view.record),
                                  replayable=replayable(view.record))
 
 
