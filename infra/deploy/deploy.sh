@@ -44,6 +44,8 @@ Optional (a value given is written to the stack's config; one not given keeps th
   WORKER_INSTANCES        worker pool instances (default 1; 0 pauses the worker)
   WORKER_BATCH_SIZE       events per batch (default 100)
   WORKER_RATE             events/s ceiling of each worker instance (default 0: none)
+  PUBLIC_CONSUMERS        comma-separated NAME:TOPIC:VERSION:MEMBER: who reads which public
+                          topic (docs/PUBLIC_TOPICS.md); each gets its own subscription
   REPOSITORY              Artifact Registry repository for built images (default eventbus)
   STACK                   Pulumi stack name (default: PROJECT)
   PULUMI_BACKEND_URL      Pulumi state backend (default gs://PROJECT-pulumi-state, created)
@@ -85,7 +87,7 @@ CONFIG_KEYS=(
   "DRAIN_SCHEDULE drainSchedule" "FUNCTION_SOURCE functionSource"
   "CONSUMER consumer" "PULL_EVENT_TYPES pullEventTypes" "PULL_EXACTLY_ONCE pullExactlyOnce"
   "WORKER_INSTANCES workerInstances" "WORKER_BATCH_SIZE workerBatchSize"
-  "WORKER_RATE workerRate"
+  "WORKER_RATE workerRate" "PUBLIC_CONSUMERS publicConsumers"
 )
 
 say() { printf '== %s\n' "$*" >&2; }

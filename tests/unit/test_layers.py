@@ -2,6 +2,7 @@
 
 * ``eventbus/model/`` is pure: the standard library, ``eventbus.model`` and
   ``eventbus.settings`` only (imports under ``if TYPE_CHECKING:`` are types, not code);
+* ``eventbus/contracts/`` (contract files) imports the standard library and the model only;
 * only ``eventbus/store/mongo.py``, ``mongo_batch.py`` and ``roundtrips.py`` import pymongo or bson;
 * only ``eventbus/web/`` imports Flask (or Werkzeug);
 * only ``eventbus/store/`` touches a collection (``.collection``, ``find_one``, ``update_one``...);
@@ -128,6 +129,14 @@ def test_the_model_imports_only_the_stdlib_itself_and_settings() -> None:
     bad = [f"{module}:{found.line} imports {found.module}" for module, found in all_imports()
            if module.startswith("eventbus/model/") and not found.type_checking
            and not is_stdlib(found.module) and not under(found.module, *MODEL_MAY_IMPORT)]
+    assert bad == []
+
+
+def test_the_contracts_package_imports_only_the_stdlib_and_the_model() -> None:
+    bad = [f"{module}:{found.line} imports {found.module}" for module, found in all_imports()
+           if module.startswith("eventbus/contracts/") and not found.type_checking
+           and not is_stdlib(found.module)
+           and not under(found.module, "eventbus.model", "eventbus.contracts")]
     assert bad == []
 
 
