@@ -155,7 +155,10 @@ def test_a_crash_between_commit_and_publish_is_recovered_by_the_sweeper(
         root = wait_until(lambda: documents(mongo_db).get(ROOT), timeout=30,
                           message="the order to be processed")
         wait_until(lambda: documents(mongo_db)[ROOT]["event_status"] == "SUCCESS", timeout=30)
-        assert [e["status"] for e in documents(mongo_db)[ROOT]["outbox"]] == ["PENDING"]
+        # The child, and the order's two forwards to its public topic (handlers/public.py).
+        outbox = documents(mongo_db)[ROOT]["outbox"]
+        assert [(e.get("kind"), e["status"]) for e in outbox] == [
+            (None, "PENDING"), ("public", "PENDING"), ("public", "PENDING")]
         assert root["idempotency_key"] == ROOT and NOTIFY_KEY not in documents(mongo_db)
         sweeps: list[subprocess.CompletedProcess[str]] = []
 
@@ -165,7 +168,7 @@ def test_a_crash_between_commit_and_publish_is_recovered_by_the_sweeper(
             return complete(mongo_db)
 
         wait_until(swept, timeout=90, interval=0.5, message="the sweeper to finish the cascade")
-        assert "published 1" in sweeps[0].stdout
+        assert "published 3" in sweeps[0].stdout  # the child and the two forwards
         assert partner.successes() == {NOTIFY_KEY: 1}
         assert mongo_db.partner_notifications.count_documents({}) == 1
         call = mongo_db.side_effects.find_one({"_id": NOTIFY_KEY})
