@@ -162,6 +162,17 @@ def test_a_crash_before_the_publish_is_forwarded_by_the_sweeper_exactly_once(
         swept = public.command("relay", "--once", "--grace", "0")
         assert swept.returncode == 0, swept.stdout + swept.stderr
     assert forwards_published(mongo_db, key)
-    messages = of(public.arrived(), key)
+    peeked = wait_until(lambda: _peek(public, key), timeout=20, message="peek to show them")
+    assert "v1" in peeked and "v2" in peeked and '"status":"OR_DLV"' in peeked
+    messages = of(public.arrived(), key)  # peek handed them back: they are still there
     assert sorted(m.message.attributes["contract_version"] for m in messages) == ["v1", "v2"]
     assert json.loads(messages[0].message.data)["status"] == "OR_DLV"
+    empty = public.command("peek", "order-status", "--subscription", public.subscription)
+    assert empty.returncode == 0 and "nothing waiting" in empty.stdout
+
+
+def _peek(public: Public, key: str) -> str | None:
+    """``eventbus peek`` on our subscription, when it shows both versions of ``key``."""
+    shown = public.command("peek", "order-status", "--subscription", public.subscription)
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout if shown.stdout.count(key) >= 2 else None

@@ -1,0 +1,60 @@
+"""``eventbus contracts check|write``: exit codes, refusal of breaking changes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eventbus.ops import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "handlers.public:routes"  # the partner app's forwards, without a store
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_checked_in_files_are_current(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "contracts", "check", "--app", APP,
+                       "--dir", str(ROOT / "docs" / "contracts"))
+    assert code == 0 and "is current" in out
+
+
+def test_missing_files_are_out_of_date_and_write_makes_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "contracts", "check", "--app", APP, "--dir", str(tmp_path))
+    assert code == 1 and "out of date" in err and "contracts write" in err
+    code, out, _ = run(capsys, "contracts", "write", "--app", APP, "--dir", str(tmp_path))
+    assert code == 0 and "4 file(s) written" in out
+    assert (tmp_path / "order-status.proto").read_text() == \
+        (ROOT / "docs" / "contracts" / "order-status.proto").read_text()
+    assert run(capsys, "contracts", "check", "--app", APP, "--dir", str(tmp_path))[0] == 0
+
+
+def test_a_breaking_edit_of_a_published_version_exits_2_and_is_not_written(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "docs" / "contracts", tmp_path / "contracts")
+    published = tmp_path / "contracts" / "order-status" / "v1.schema.json"
+    schema = json.loads(published.read_text())
+    schema["properties"]["region"] = {"type": "string"}  # as if v1 had promised a field
+    schema["required"].append("region")
+    published.write_text(json.dumps(schema))
+    code, _, err = run(capsys, "contracts", "check", "--app", APP,
+                       "--dir", str(tmp_path / "contracts"))
+    assert code == 2 and "field 'region' was removed" in err
+    code, _, err = run(capsys, "contracts", "write", "--app", APP,
+                       "--dir", str(tmp_path / "contracts"))
+    assert code == 2 and "refused" in err and "new version" in err
+    assert json.loads(published.read_text()) == schema
+
+
+def test_an_app_path_that_is_not_a_router_is_one_line(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    code, _, err = run(capsys, "contracts", "check", "--app", "handlers.public:TOPIC")
+    assert code == 2 and err.count("\n") == 1 and "is not an eventbus app" in err
