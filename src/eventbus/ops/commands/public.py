@@ -114,8 +114,10 @@ def cmd_peek(args: argparse.Namespace, tools: Tools) -> int:
              safe(m.message.attributes.get("contract_version", "")),
              safe(m.message.attributes.get("idempotency_key", "")),
              safe(m.message.data.decode("utf-8", "backslashreplace"))] for m in received]
-    text = table(["message id", "published", "version", "idempotency_key", "data"], rows) \
-        if rows else f"nothing waiting on {path}"
+    headers = ["message id", "published", "version", "idempotency_key", "data"]
+    # The key and the body are what a consumer reads: shown whole, never clipped.
+    text = table(headers, rows, whole=("idempotency_key", "data")) if rows \
+        else f"nothing waiting on {path}"
     print(text, file=tools.out)
     return 0
 
