@@ -149,3 +149,17 @@ def test_the_pull_worker_forwards_like_push() -> None:
     assert all(m.acked for m in batch)
     keys = sorted(m.attributes["idempotency_key"] for m in public(publisher))
     assert keys == sorted([f"p:p1:pulled-{n}" for n in range(3)] * 2)
+
+
+def test_localbus_keeps_what_went_to_a_public_topic_aside() -> None:
+    from eventbus.testing import LocalBus
+
+    bus = LocalBus(app_router(), database=memory_database())
+    entity = {"partnerId": "p1", "entity_id": "o-9", "entity_type": "Order"}
+    key = bus.publish("OR_MGMT", {"orderId": 9, "orderStatusLatest": "OR_CNL",
+                                  "orderStatusLatestTimestamp": 1764000000},
+                      entity=entity, version="v2", idempotency_key="local-9")
+    v1, v2 = bus.forwarded["order-status"]
+    assert json.loads(v1.data)["status"] == "OR_CNL" and v2.attributes["contract_version"] == "v2"
+    assert v1.attributes["idempotency_key"] == key
+    assert all(r.event_type != "OR_MGMT" or r.key == key for r in bus.results)
