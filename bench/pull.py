@@ -15,8 +15,8 @@ Rows (one store: ``MONGODB_URI``, else the local server of the ``localdb`` tool)
   draining messages published to the emulator first: end to end. CPU is the
   subprocess's (``/proc``), over the time it took to drain;
 - ``raw pymongo, batch B``: the same write shapes straight from pymongo, no
-  framework: an unordered bulk upsert of the claim pipeline, a ``find`` of the
-  keys, an unordered bulk finish. The store's ceiling for those shapes.
+  framework: an unordered insert of the new records, a ``find`` of the keys,
+  an unordered bulk finish. The store's ceiling for those shapes.
 
 Ratios: worker CPU per event over push's (target at batch 100 <= 1/3), round
 trips per event (target < 0.05), worker events/s over raw at the same batch
@@ -45,7 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from pymongo import MongoClient, UpdateOne, monitoring  # noqa: E402
+from pymongo import InsertOne, MongoClient, UpdateOne, monitoring  # noqa: E402
 
 from eventbus.processor import Processor  # noqa: E402
 from eventbus.settings import Settings  # noqa: E402
@@ -190,9 +190,9 @@ def raw_ceiling(uri: str, db: str, size: int, events: int) -> Row:
 def _raw_batch(collection: Any, keys: list[str]) -> int:
     now, owner = documents.bson_time(datetime.now(UTC)), uuid.uuid4().hex
     fields = {"event_type": "BENCH_NOOP", "payload_fingerprint": "f"}
-    collection.bulk_write([UpdateOne({"idempotency_key": key}, documents.claim_pipeline(
-        fields, now, owner=owner, lease=LEASE, created_by="bench",
-        retention=timedelta(days=30)), upsert=True) for key in keys], ordered=False)
+    collection.bulk_write([InsertOne(documents.new_record(
+        key, fields, now, owner=owner, lease=LEASE, created_by="bench",
+        retention=timedelta(days=30))) for key in keys], ordered=False)
     list(collection.find({"idempotency_key": {"$in": keys}}, {"idempotency_key": 1}))
     collection.bulk_write([UpdateOne(documents.owner_filter(key, owner),
                                      documents.succeed_update(now)) for key in keys],

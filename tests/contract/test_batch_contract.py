@@ -74,3 +74,33 @@ def test_renew_many_extends_only_the_leases_still_held(store: EventStore,
     assert store.renew_many({kept: owner, lost: owner}, later) == {kept}
     record = store.get(kept) or {}
     assert record["lease_until"] == documents.bson_time(later + store.lease)
+
+
+def test_a_new_key_claimed_in_a_batch_is_stored_as_a_single_claim_stores_it(
+        store: EventStore, now: datetime) -> None:
+    # claim_many inserts new keys as documents (documents.new_record) instead of
+    # running the claim's pipeline: the stored record must be the same.
+    alone, batched = new_key(), new_key()
+    store.claim(alone, FIELDS, now)
+    store.claim_many({batched: FIELDS}, now)
+    skip = {"_id", "idempotency_key", "lease_owner"}
+    single = {k: v for k, v in (store.get(alone) or {}).items() if k not in skip}
+    batch = {k: v for k, v in (store.get(batched) or {}).items() if k not in skip}
+    assert batch == single and single["attempts"] == 1
+
+
+def test_a_batch_of_new_and_existing_keys_takes_the_claimable_ones(
+        store: EventStore, now: datetime) -> None:
+    retry, done, fresh = new_key(), new_key(), new_key()
+    for key in (retry, done):
+        owner = store.claim(key, FIELDS, now).owner
+        if key == done:
+            store.succeed(key, owner, now)
+        else:
+            store.fail(key, owner, now, ERROR, retryable=True)
+    later = now + timedelta(seconds=1)
+    batch = store.claim_many({retry: FIELDS, done: FIELDS, fresh: FIELDS}, later)
+    assert set(batch.taken) == {retry, fresh} and set(batch.records) == {done}
+    assert (batch.taken[retry].attempt, batch.taken[fresh].attempt) == (2, 1)
+    assert (store.get(retry) or {})["entity_metadata"]["resilienceAttemptCount"].keys() == \
+        {"1", "2"}

@@ -166,6 +166,27 @@ def insert_fields(fields: Mapping[str, Any], now: datetime, *, created_by: str,
             "expire_at": expire_at(now, retention), "event_day_id": event_day_id(now)}
 
 
+def new_record(key: str, fields: Mapping[str, Any], now: datetime, *, owner: str,
+               lease: timedelta, created_by: str, retention: timedelta) -> dict[str, Any]:
+    """Return the document a claim makes of a key that has none: attempt 1, leased to ``owner``.
+
+    What ``claim_pipeline`` writes for a new key, as a plain document, so a
+    batch can insert its new keys (a cheaper write than a pipeline upsert) and
+    claim only the keys that exist. Mirrors the pipeline; the batch contract
+    tests compare the two.
+    """
+    now = bson_time(now)
+    stamp = epoch_ms(now)
+    seed = {name: value for name, value in fields.get("entity_metadata", {}).items()
+            if name != "resilienceAttemptCount"}
+    return {"idempotency_key": key,
+            **insert_fields(fields, now, created_by=created_by, retention=retention),
+            "event_status": PROCESSING, "lease_until": bson_time(now + lease),
+            "lease_owner": owner, "attempts": 1, "lastUpdatedTime": stamp,
+            "pubsub": fields.get("pubsub", {}),
+            "entity_metadata": {**seed, "resilienceAttemptCount": {"1": stamp}}}
+
+
 def is_new(previous: Mapping[str, Any] | None) -> bool:
     """Return True when a claim on ``previous`` writes a new record's fields.
 

@@ -3,13 +3,17 @@
 Write shapes (measured in ``bench/pull.py``; on the local store the write
 shape, not the round trip, sets the ceiling):
 
-* ``claim_many``: one unordered ``bulk_write`` of the claim's own update
-  pipeline as an upsert per key (the rules stay in one place,
-  ``documents.claim_pipeline``), all under one batch owner, then one ``find``
-  of the keys: a record carrying the batch's owner was taken by this batch,
-  any other is a duplicate, a conflict or held elsewhere. Two round trips
-  per batch, whatever its size. A bulk upsert's result names the inserted
-  keys but not which existing ones it took, hence the ``find``.
+* ``claim_many``: one unordered insert of every key as a new record
+  (``documents.new_record``), all under one batch owner; the keys that exist
+  already (duplicate key) then get the claim's own update pipeline as an
+  upsert (the rules stay in one place, ``documents.claim_pipeline``); then one
+  ``find`` of the keys: a record carrying the batch's owner was taken by this
+  batch, any other is a duplicate, a conflict or held elsewhere. Two round
+  trips for a batch of new events, three when some keys exist. Measured with
+  raw pymongo on the local store, batches of 100 new events (2026-11-25,
+  medians of 3): insert + find + finish 990 events/s, pipeline upserts + find
+  + finish 583: the pipeline costs the engine more per document, and the
+  client builds and encodes a much larger command.
 * ``finish_many``: one unordered ``bulk_write`` of the owner-checked finishes.
   When fewer matched than were sent (a lease was lost), one ``find`` tells
   which: a record finished by this call carries this call's stamp.
@@ -25,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pymongo import UpdateMany, UpdateOne
+from pymongo import InsertOne, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError
 
 from eventbus.store import documents
@@ -54,12 +58,18 @@ class MongoBatchMixin:
     def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
         """Claim every key at once (``EventStore.claim_many``): two round trips."""
         now, owner = documents.bson_time(now), uuid.uuid4().hex
-        writes = [UpdateOne(documents.key_filter(key), documents.claim_pipeline(
-            fields, now, owner=owner, lease=self._lease, created_by=self._created_by,
-            retention=self._retention), upsert=True) for key, fields in items.items()]
         keys = list(items)
+        rules = {"owner": owner, "lease": self._lease, "created_by": self._created_by,
+                 "retention": self._retention}
+        inserts = [InsertOne(documents.new_record(key, items[key], now, **rules))  # type: ignore[arg-type]
+                   for key in keys]
         with _unavailable("claim batch"):
-            _, refused = _bulk(self._collection, writes)
+            refused, existing = _insert(self._collection, inserts)
+            upserts = [UpdateOne(documents.key_filter(keys[i]), documents.claim_pipeline(
+                items[keys[i]], now, **rules), upsert=True)  # type: ignore[arg-type]
+                for i in existing]
+            _, again = _bulk(self._collection, upserts)
+            refused |= {existing[i] for i in again}
             found = self._collection.find({"idempotency_key": {"$in": keys}})
             records = {str(record["idempotency_key"]): record for record in found}
         claimed = _split(records, owner)
@@ -116,6 +126,22 @@ class MongoBatchMixin:
                                          {"idempotency_key": 1, "lease_owner": 1})
             return {str(r["idempotency_key"]) for r in held
                     if owners.get(str(r["idempotency_key"])) == r.get("lease_owner")}
+
+
+def _insert(collection: Any, writes: list[Any]) -> tuple[set[int], list[int]]:
+    """Insert unordered; return the indexes the store refused for content, and those that exist."""
+    if not writes:
+        return set(), []
+    try:
+        collection.bulk_write(writes, ordered=False)
+    except BulkWriteError as exc:
+        errors = exc.details["writeErrors"]
+        refused = {int(e["index"]) for e in errors if e.get("code") in CONTENT_ERROR_CODES}
+        existing = sorted(int(e["index"]) for e in errors if e.get("code") == DUPLICATE_KEY)
+        if len(refused) + len(existing) != len(errors):
+            raise
+        return refused, existing
+    return set(), []
 
 
 def _bulk(collection: Any, writes: list[Any]) -> tuple[int, set[int]]:
