@@ -143,3 +143,13 @@ def _metadata(value: Any) -> EntityMetadata:
         entity_type=_string(meta.get("entity_type"), "entity_metadata.entity_type"),
         partner_name=name,
     )
+
+
+def lookup(document: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted ``path`` of ``document`` (an event, a record), or None."""
+    value: Any = document
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value

@@ -39,7 +39,7 @@ from datetime import datetime
 from typing import Any
 
 from eventbus.model.contract import Contract, ContractError, ContractViolation, contract_of
-from eventbus.model.event import Event
+from eventbus.model.event import Event, lookup
 from eventbus.model.keys import MAX_KEY_LENGTH, digest
 from eventbus.model.status import Status
 
@@ -91,16 +91,6 @@ def _path_of(source: str | Path) -> str:
 
 def _read(document: Mapping[str, Any], source: str | Path) -> Any:
     return source.read(document) if isinstance(source, Path) else lookup(document, source)
-
-
-def lookup(document: Mapping[str, Any], path: str) -> Any:
-    """The value at a dotted ``path`` of ``document``, or None where there is none."""
-    value: Any = document
-    for part in path.split("."):
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,13 +23,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from eventbus.model.event import lookup
 from eventbus.model.forward import is_forward
 from eventbus.model.keys import digest
 from eventbus.model.status import Status
 from eventbus.ops import cascade
 from eventbus.ops.render import from_epoch_ms, safe
 from eventbus.store.base import Record
-from eventbus.store.operations import EventQuery, field
+from eventbus.store.operations import EventQuery
 
 FAILED = Status.FAILED.value
 # The most FAILED records one grouping reads; more are reported as truncated.
@@ -192,7 +193,7 @@ def replay_boundaries(record: Mapping[str, Any]) -> set[int]:
 
 def timeline(record: Mapping[str, Any]) -> list[Attempt]:
     """Return the record's attempts in order, each with the delay since the one before."""
-    history_map = field(record, "entity_metadata.resilienceAttemptCount")
+    history_map = lookup(record, "entity_metadata.resilienceAttemptCount")
     entries = history_map if isinstance(history_map, Mapping) else {}
     numbered = sorted((int(number), from_epoch_ms(stamp)) for number, stamp in entries.items()
                       if str(number).isascii() and str(number).isdigit())

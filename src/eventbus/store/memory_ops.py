@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from eventbus.model.errors import AlreadyExists
+from eventbus.model.event import lookup
 from eventbus.store import documents
 from eventbus.store.base import Record
 from eventbus.store.operations import (
@@ -22,7 +23,6 @@ from eventbus.store.operations import (
     Order,
     StoredAs,
     created_bucket,
-    field,
     matches,
     sort_key,
 )
@@ -92,7 +92,7 @@ def _projected(record: Record, fields: Sequence[str] | None) -> Record:
 
 def _group(record: Record, group_by: Sequence[str],
            bucket_ms: int | None) -> tuple[tuple[Any, ...], int | None]:
-    values = tuple(_hashable(field(record, path)) for path in group_by)
+    values = tuple(_hashable(lookup(record, path)) for path in group_by)
     bucket = created_bucket(record.get("created"), bucket_ms) if bucket_ms else None
     return values, bucket
 

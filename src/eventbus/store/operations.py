@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from eventbus.model.event import lookup
 from eventbus.store import documents
 from eventbus.store.base import Record
 
@@ -140,7 +141,7 @@ def matches(record: Mapping[str, Any], query: EventQuery) -> bool:
     checks = (
         not query.statuses or record.get("event_status") in query.statuses,
         query.event_type is None or record.get("event_type") == query.event_type,
-        query.partner_id is None or field(record, PARTNER) == query.partner_id,
+        query.partner_id is None or lookup(record, PARTNER) == query.partner_id,
         _in_range(record.get("created"), query),
         query.retryable is None or (record.get("retryable") is True) == query.retryable,
         query.below_attempt is None or not _has_attempt(record, query.below_attempt),
@@ -162,7 +163,7 @@ def _in_range(created: Any, query: EventQuery) -> bool:
 
 
 def _has_attempt(record: Mapping[str, Any], number: int) -> bool:
-    history = field(record, HISTORY_KEY)
+    history = lookup(record, HISTORY_KEY)
     return isinstance(history, Mapping) and str(number) in history
 
 
@@ -171,16 +172,6 @@ def _attempts(record: Mapping[str, Any]) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     return float("-inf")
-
-
-def field(record: Mapping[str, Any], path: str) -> Any:
-    """Return the value at dotted ``path`` in ``record``, or None."""
-    value: Any = record
-    for part in path.split("."):
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return value
 
 
 def created_bucket(created: Any, bucket_ms: int) -> int | None:
