@@ -44,13 +44,10 @@ class OrderStatusV1:
 
 @contract(TOPIC, "v2")
 @dataclasses.dataclass(frozen=True)
-class OrderStatusV2:
+class OrderStatusV2(OrderStatusV1):
     """An order's status changed; v1 plus the status's name and the number of line items."""
 
-    order_id: str = dataclasses.field(metadata=_doc("the partner's order id, as text"))
-    partner_id: str = dataclasses.field(metadata=_doc("the partner the order belongs to"))
-    status: str = dataclasses.field(metadata=_doc("OR_CNF, OR_SHP, OR_DLV or OR_CNL"))
-    changed_at: int = dataclasses.field(metadata=_doc("when it changed, epoch seconds"))
+    # Additive: v1's fields (inherited, in v1's order), then optional ones only.
     status_name: str | None = dataclasses.field(
         default=None, metadata=_doc("confirmed, shipped, delivered or cancelled"))
     line_items: int | None = dataclasses.field(
