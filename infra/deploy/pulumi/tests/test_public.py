@@ -7,38 +7,17 @@ project-wide) and the consumer settings that are refused.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
+from siblings import sibling
 
-
-def _sibling(name: str) -> ModuleType:
-    path = str(Path(__file__).with_name(f"{name}.py"))
-    for module in list(sys.modules.values()):
-        if getattr(module, "__file__", None) == path:
-            return module
-    spec = importlib.util.spec_from_file_location(f"eventbus_deploy_{name}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_t = _sibling("test_stack")
+_t = sibling("test_stack")
 BOTH, FULFILMENT, RUN, of_type, recorded, stack = (_t.BOTH, _t.FULFILMENT, _t.RUN, _t.of_type,
                                                    _t.recorded, _t.stack)
+grants_to = sibling("test_worker").grants_to
 pytestmark = pytest.mark.filterwarnings("ignore:.*deprecated in favor of:DeprecationWarning")
-
-
-def grants_to(resources: list[Any], who: str) -> set[tuple[str, str, str]]:
-    return {(r.type.split(":")[-1], str(r.inputs.get("subscription") or r.inputs.get("topic")),
-             r.inputs["role"]) for r in resources if r.inputs.get("member") == who}
 
 
 def test_a_consumer_may_read_its_own_subscription_and_nothing_else() -> None:

@@ -8,37 +8,17 @@ topic, a filter pair that leaves no event to nobody, and a config that cannot wo
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import runpy
 import sys
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from siblings import sibling
 
-
-def _sibling(name: str) -> ModuleType:
-    """A test module beside this one: as pytest imported it, else loaded now.
-
-    Under ``--import-mode=importlib`` test modules are not importable by name, and the
-    recording helpers live in ``test_stack.py``.
-    """
-    path = str(Path(__file__).with_name(f"{name}.py"))
-    for module in list(sys.modules.values()):
-        if getattr(module, "__file__", None) == path:
-            return module
-    spec = importlib.util.spec_from_file_location(f"eventbus_deploy_{name}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_t = _sibling("test_stack")
+_t = sibling("test_stack")
 AGENT, BOTH, PROGRAM, PULL, RUN = _t.AGENT, _t.BOTH, _t.PROGRAM, _t.PULL, _t.RUN
 check_wiring, inputs, member = _t.check_wiring, _t.inputs, _t.member
 of_type, recorded, run_under_mocks, stack = _t.of_type, _t.recorded, _t.run_under_mocks, _t.stack
