@@ -24,6 +24,7 @@ redelivery or the redrive sweeper finishes the events).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import threading
@@ -187,10 +188,11 @@ class BatchRunner:
         return self._outcomes(deliveries, located, first, results, lost, view)
 
     def _processor(self, view: BatchStore, located: Mapping[int, Located]) -> Processor:
-        base = self.processor
-        processor = Processor(view, base.router, base.settings, base.now,
-                              classifier=base.classifier, heartbeat=self.heartbeat,
-                              telemetry=base.telemetry)
+        # A shallow copy, not a new Processor: the router was checked and the
+        # guard built once, when the app was; each batch swaps only its parts.
+        processor = copy.copy(self.processor)
+        processor.store, processor.heartbeat = view, self.heartbeat
+        processor.after_success = None  # the runner relays once the batch is finished
         processor.intake = _Located(located)  # type: ignore[assignment]
         return processor
 
