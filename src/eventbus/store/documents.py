@@ -166,6 +166,12 @@ def insert_fields(fields: Mapping[str, Any], now: datetime, *, created_by: str,
             "expire_at": expire_at(now, retention), "event_day_id": event_day_id(now)}
 
 
+def seed_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the ``entity_metadata`` a new record starts from: the event's, no attempt map."""
+    return {name: value for name, value in (fields.get("entity_metadata") or {}).items()
+            if name != "resilienceAttemptCount"}
+
+
 def new_record(key: str, fields: Mapping[str, Any], now: datetime, *, owner: str,
                lease: timedelta, created_by: str, retention: timedelta) -> dict[str, Any]:
     """Return the document a claim makes of a key that has none: attempt 1, leased to ``owner``.
@@ -177,14 +183,12 @@ def new_record(key: str, fields: Mapping[str, Any], now: datetime, *, owner: str
     """
     now = bson_time(now)
     stamp = epoch_ms(now)
-    seed = {name: value for name, value in fields.get("entity_metadata", {}).items()
-            if name != "resilienceAttemptCount"}
     return {"idempotency_key": key,
             **insert_fields(fields, now, created_by=created_by, retention=retention),
             "event_status": PROCESSING, "lease_until": bson_time(now + lease),
             "lease_owner": owner, "attempts": 1, "lastUpdatedTime": stamp,
             "pubsub": fields.get("pubsub", {}),
-            "entity_metadata": {**seed, "resilienceAttemptCount": {"1": stamp}}}
+            "entity_metadata": {**seed_metadata(fields), "resilienceAttemptCount": {"1": stamp}}}
 
 
 def is_new(previous: Mapping[str, Any] | None) -> bool:
@@ -352,8 +356,7 @@ def _taken_fields(fields: Mapping[str, Any], now: datetime, owner: str,
 
 def _metadata_with_attempt(fields: Mapping[str, Any], attempt: Mapping[str, Any],
                            stamp: str) -> dict[str, Any]:
-    seed = {key: value for key, value in fields.get("entity_metadata", {}).items()
-            if key != "resilienceAttemptCount"}
+    seed = seed_metadata(fields)
     fresh = {"$or": [f"${_NEW}", f"${_REDO}"]}
     base = {"$cond": [fresh, {"$literal": seed}, "$entity_metadata"]}
     earlier = {"$cond": [fresh, {},

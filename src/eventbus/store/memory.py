@@ -95,9 +95,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin):
                 inserted = {name: value for name, value in inserted.items()
                             if name not in documents.AUDIT_FIELDS}
             record.update(_bson(inserted))
-            meta = {name: value for name, value
-                    in _bson(fields.get("entity_metadata") or {}).items()
-                    if name != "resilienceAttemptCount"}
+            meta = _bson(documents.seed_metadata(fields))
             history: Mapping[str, Any] = {}
         else:
             meta = _mapping(record.get("entity_metadata"))
