@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eventbus.ops import cli
 
@@ -58,3 +60,34 @@ def test_an_app_path_that_is_not_a_router_is_one_line(capsys: pytest.CaptureFixt
                                                        ) -> None:
     code, _, err = run(capsys, "contracts", "check", "--app", "handlers.public:TOPIC")
     assert code == 2 and err.count("\n") == 1 and "is not an eventbus app" in err
+
+
+HOSTILE_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.text(alphabet=st.characters(blacklist_categories=()), max_size=8)
+    | st.sampled_from(["\ud800", "a\x00b"]),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(["properties", "required", "type", "const", "x"]),
+                      inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(
+    HOSTILE_JSON.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=64),
+    st.just(b"[" * 100_000 + b"]" * 100_000),
+    st.just(b"\xff\xfe{}"),
+    st.just(json.dumps({"properties": list(range(100_000))}).encode())))
+def test_a_hostile_published_schema_is_one_line_never_a_traceback(
+        capsys: pytest.CaptureFixture[str], tmp_path_factory: pytest.TempPathFactory,
+        content: bytes) -> None:
+    directory = tmp_path_factory.mktemp("contracts")
+    shutil.copytree(ROOT / "docs" / "contracts", directory, dirs_exist_ok=True)
+    (directory / "order-status" / "v1.schema.json").write_bytes(content)
+    for action in ("check", "write"):
+        code, _, err = run(capsys, "contracts", action, "--app", APP, "--dir", str(directory))
+        assert code in (1, 2) and "Traceback" not in err and err.strip(), (action, err)
+        if code == 2 and "not a JSON Schema" in err:
+            assert err.count("\n") == 1

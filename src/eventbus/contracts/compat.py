@@ -17,7 +17,7 @@ from typing import Any
 def breaking(published: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Every change from ``published`` to ``current`` that breaks a consumer; [] if additive."""
     old, new = _properties(published), _properties(current)
-    was, now = set(published.get("required", [])), set(current.get("required", []))
+    was, now = _required(published), _required(current)
     problems = [f"field {name!r} was removed" for name in sorted(set(old) - set(new))]
     for name in sorted(set(old) & set(new)):
         if _shape(old[name]) != _shape(new[name]):
@@ -34,8 +34,15 @@ def _properties(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
-def _shape(prop: Mapping[str, Any]) -> str:
+def _required(schema: Mapping[str, Any]) -> set[str]:
+    found = schema.get("required", [])
+    return {name for name in found if isinstance(name, str)} if isinstance(found, list) else set()
+
+
+def _shape(prop: Any) -> str:
     """The type of a property without its description: what a reader depends on."""
+    if not isinstance(prop, Mapping):
+        return f"not a schema ({type(prop).__name__})"
     if "const" in prop:
         return f"const {prop['const']!r}"
     if prop.get("type") == "array":

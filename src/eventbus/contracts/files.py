@@ -29,6 +29,10 @@ class BreakingChange(ValueError):
     """A change to a published contract version that its consumers would not survive."""
 
 
+class UnreadableContract(ValueError):
+    """A checked-in contract file that is not a JSON Schema (not JSON, not UTF-8, too deep)."""
+
+
 @dataclasses.dataclass
 class Report:
     """What ``check`` found: files to (re)write, and changes that break a published version."""
@@ -64,7 +68,7 @@ def check(forwards: Forwards, directory: Path) -> Report:
         if files.get(relative) != _read(directory / relative):
             report.stale.append(relative)
     for relative in sorted(_published(directory)):
-        old = json.loads(_read(directory / relative))
+        old = _schema(directory / relative, relative)
         if relative not in files:
             report.breaking.append(f"{relative}: a published version is no longer served")
             continue
@@ -103,9 +107,20 @@ def _published(directory: Path) -> set[str]:
     return {p.relative_to(directory).as_posix() for p in directory.glob("*/v*.schema.json")}
 
 
+def _schema(path: Path, relative: str) -> dict[str, object]:
+    """A published version's JSON Schema; ``UnreadableContract`` (one line) if it is none."""
+    try:
+        found = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, hostile nesting
+        raise UnreadableContract(f"{relative}: not a JSON Schema: {type(exc).__name__}") from None
+    if not isinstance(found, dict):
+        raise UnreadableContract(f"{relative}: not a JSON Schema: a JSON {type(found).__name__}")
+    return found
+
+
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8", errors="replace")  # compared, never parsed
     except (FileNotFoundError, NotADirectoryError):
         return ""
 

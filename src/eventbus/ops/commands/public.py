@@ -72,6 +72,8 @@ def cmd_contracts(args: argparse.Namespace, tools: Tools) -> int:
     if args.action == "write":
         try:
             written = files.write(forwards, args.dir)
+        except files.UnreadableContract as exc:
+            raise UsageError(f"contracts: {exc}") from None
         except files.BreakingChange as exc:
             print(f"eventbus contracts: refused, it would break a published version: {exc}. "
                   "Declare the change as a new version instead.", file=tools.err)
@@ -79,7 +81,10 @@ def cmd_contracts(args: argparse.Namespace, tools: Tools) -> int:
         print(f"eventbus contracts: {len(written)} file(s) written in {args.dir}"
               + "".join(f"\n  {name}" for name in written), file=tools.out)
         return 0
-    report = files.check(forwards, args.dir)
+    try:
+        report = files.check(forwards, args.dir)
+    except files.UnreadableContract as exc:
+        raise UsageError(f"contracts: {exc}") from None
     for problem in report.breaking:
         print(f"breaking: {problem}", file=tools.err)
     for name in report.stale:
