@@ -4,7 +4,7 @@ Per push it reads ``idempotency_key`` from the wrapped body and runs the same
 two round trips as the raw pymongo baseline (``raw_claim_and_complete``), on
 its own collection with the same indexes; no validation, routing, logging or
 error handling. Its rate is what any Flask + pymongo service can reach here,
-so ``handler new events`` over this row is the framework's own cost.
+so ``handler, telemetry off`` over this row is the framework's own cost.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Rows (one store: ``MONGODB_URI``, else the local server of the ``localdb`` tool):
 
-- ``push (bench/handler.py)``: ``handler new events`` of ``bench/handler.py``
+- ``push (bench/handler.py)``: ``handler, telemetry off`` of ``bench/handler.py``
   (gunicorn, 16 connections; its CPU is the service's), run as a subprocess;
   a push costs two store round trips per event by construction;
 - ``worker, in-process, batch B``: the real batch runner and ``PullWorker``
@@ -201,17 +201,17 @@ def _raw_batch(collection: Any, keys: list[str]) -> int:
 
 
 def push_row(quick: bool) -> Row:
-    """``handler new events`` from ``bench/handler.py`` (a subprocess, its own services)."""
+    """``handler, telemetry off`` from ``bench/handler.py`` (a subprocess, its own services)."""
     duration = "4" if quick else "8"
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "handler.py"),
                            "--duration", duration, "--runs", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("handler new events")),
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("handler, telemetry off")),
                 None)
     if line is None:
-        raise SystemExit(f"bench/handler.py gave no 'handler new events' row:\n{done.stdout}"
+        raise SystemExit(f"bench/handler.py gave no 'handler, telemetry off' row:\n{done.stdout}"
                          f"\n{done.stderr[-2000:]}")
-    numbers = re.findall(r"[\d.]+", line.removeprefix("handler new events"))
+    numbers = re.findall(r"[\d.]+", line.removeprefix("handler, telemetry off"))
     return Row("push (bench/handler.py)", float(numbers[0]), float(numbers[2]) * 1000, 2.0)
 
 

@@ -20,7 +20,7 @@ import importlib
 import requests
 
 from eventbus import Router
-from eventbus.telemetry.http import logging_session
+from eventbus.correlation.session import logging_session
 from handlers import notifications, orders, promotions, public, subscriptions
 from handlers.settings import AppSettings
 

@@ -2,8 +2,10 @@
 
     python -m handlers.demo [--reset] [--file FILE] [--timeout S]
 
-Uses the library's operator functions; ``--reset`` empties the demo's own
-database first (``make run`` gives the demo a database of its own).
+Uses the library's public modules: event specs (``eventbus.ops.specs``), the
+publisher, the MongoDB store and the progress view (``eventbus.ops.progress``);
+``--reset`` empties the demo's own database first (``make run`` gives the demo
+a database of its own).
 """
 
 from __future__ import annotations
@@ -13,17 +15,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from eventbus.model.errors import EventBusError
-from eventbus.ops.cli import (
-    InputError,
-    load_specs,
-    open_store,
-    publish_all,
-    publisher,
-    status_table,
-    watch,
-)
+from eventbus.model.errors import EventBusError, PublishError
+from eventbus.ops.progress import status_table, watch
+from eventbus.ops.specs import InputError, load_specs, publish_all
+from eventbus.pubsub.message import MessagePublisher
+from eventbus.pubsub.publisher import Publisher
 from eventbus.settings import Settings, SettingsError
+from eventbus.store.mongo import MongoEventStore
 
 SAMPLES = Path(__file__).resolve().parent / "samples" / "partner_events.json"
 
@@ -31,7 +29,7 @@ SAMPLES = Path(__file__).resolve().parent / "samples" / "partner_events.json"
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Publish the sample batch, show progress, then the table of statuses."""
     specs = load_specs(args.file)
-    store = open_store(settings)
+    store = MongoEventStore.from_settings(settings)
     if args.reset:
         store.reset()
         print(f"emptied database {settings.mongodb_db!r}")
@@ -41,6 +39,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finished = watch(store, keys, args.timeout, sys.stdout)
     print(status_table(store, keys))
     return 0 if finished else 1
+
+
+def publisher(settings: Settings) -> MessagePublisher:
+    """Return the publisher of ``settings``; ``PublishError`` when it cannot be built."""
+    try:
+        return Publisher.from_settings(settings)
+    except Exception as exc:  # credentials or project: one line, not a traceback
+        raise PublishError(f"cannot publish to {settings.topic}: {exc}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ saved_token=""
 [ -f .env ] && saved_token=$(sed -n 's/^EVENTBUS_CONSOLE_TOKEN=//p' .env | tail -1)
 export EVENTBUS_CONSOLE_TOKEN=${EVENTBUS_CONSOLE_TOKEN:-${saved_token:-$($PY -c 'import secrets; print(secrets.token_urlsafe(24))')}}
 
-# Write the local settings where the `eventbus` commands find them (see src/eventbus/ops/dotenv.py).
+# Write the local settings where the `eventbus` commands find them (see src/eventbus/ops/config.py).
 write_env() {
   local tmp=.env.tmp.$$
   (umask 077; cat >"$tmp" <<ENV

@@ -33,8 +33,10 @@ The layers, each a package that says what it may import:
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
 * ``eventbus.contracts`` public contracts as files: schemas, the compatibility check;
-* ``eventbus.workers``   the pull worker: batches from a pull subscription;
-* ``eventbus.ops``       the ``eventbus`` console script and the cascade view;
+* ``eventbus.workers``   the pull worker, the relay and redrive sweepers' loops,
+                         the dead-letter drain;
+* ``eventbus.ops``       the operator's read and repair tools, the ``eventbus``
+                         console script;
 * ``eventbus.testing``   ``LocalBus``, a fake clock, a capturing publisher.
 
 ``create_app`` (Flask) is imported on first use, so ``from eventbus import

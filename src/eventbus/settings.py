@@ -1,7 +1,11 @@
 """Settings, read once from the environment into a frozen dataclass.
 
-Shared by every layer; pure (standard library only). Applications read
-their own settings the same way: ``read_env(MySettings, SOURCES)`` with the
+Shared by every layer; pure (standard library only). Each field of
+``Settings`` names its environment variable, its parser and a one-line doc
+once, in its own metadata (``setting(...)``); ``SOURCES`` and the reference
+``docs/CONFIGURATION.md`` (``reference_markdown()``) are derived from it.
+Applications read their own settings the same way: fields made with
+``setting``, then ``read_env(MySettings, sources(MySettings))`` with the
 ``parse_*`` functions here.
 """
 
@@ -17,80 +21,12 @@ from typing import Any, TypeVar
 PUBSUB_MAX_DATA_BYTES = 10 * 1000 * 1000
 DEFAULT_MAX_BODY_BYTES = PUBSUB_MAX_DATA_BYTES * 4 // 3 + 256 * 1024
 
+REGENERATE = ".venv/bin/python docs/configuration.py"
+"""The command that rewrites ``docs/CONFIGURATION.md`` from ``reference_markdown()``."""
+
 
 class SettingsError(ValueError):
     """Raised when an environment variable holds a value that cannot be used."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Every knob of the service. Build it with ``Settings.from_env()``."""
-
-    mongodb_uri: str = "mongodb://127.0.0.1:27018/"
-    mongodb_db: str = "partner_events"
-    collection: str = "partner_events"
-    service: str = "partner-eventbus"
-    lease_seconds: float = 20.0
-    max_attempts: int = 100
-    retention_days: float = 30.0
-    project_id: str = "local-project"
-    topic: str = "partner-events"
-    dead_letter_topic: str = ""
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    store_timeout_ms: int = 5000
-    auth_enabled: bool = False
-    auth_audience: str = ""
-    auth_service_accounts: tuple[str, ...] = ()
-    relay_inline: bool = True
-    relay_budget_seconds: float = 2.0
-    guard_collection: str = "side_effects"
-    redrive_after_seconds: float = 1200.0
-    """A FAILED-retryable record nothing redelivered for this long is published again by the
-    redrive sweeper: twice the push subscription's maximum backoff (600 s)."""
-    redrive_max: int = 20
-    """Redrives before an event is given up for good (the attempt cap applies as well)."""
-    redrive_backoff_cap_seconds: float = 6 * 3600.0
-    log_level: str = "INFO"
-    telemetry_exporter: str = "none"
-    """Where spans go: ``none`` (no spans), ``cloudtrace``, ``otlp`` (``OTEL_EXPORTER_OTLP_*``),
-    or ``noop`` (spans made and dropped, to measure their cost). Needs ``[telemetry]``."""
-    metrics_exporter: str = "none"
-    """``none``, ``prometheus`` (a ``/metrics`` page), ``otlp``, or ``noop`` (recorded, dropped)."""
-    trace_sample_ratio: float = 1.0
-    """Share of traces kept, decided on the trace id, so a cascade is kept or dropped whole."""
-    metrics_interval_seconds: float = 60.0
-    """How often ``otlp`` (and ``noop``) metrics are exported."""
-    trace_libraries: tuple[str, ...] = ("pymongo", "requests")
-    """Libraries instrumented when tracing is on (``none``: only the service's own spans)."""
-
-    def __post_init__(self) -> None:
-        """Refuse settings that would serve pushes unauthenticated while auth is on."""
-        validate_auth(self.auth_enabled, self.auth_audience, self.auth_service_accounts)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read the settings from ``environ`` (default ``os.environ``)."""
-        return read_env(cls, SOURCES, environ)
-
-
-def validate_auth(enabled: bool, audience: str, service_accounts: tuple[str, ...]) -> None:
-    """Raise ``SettingsError`` when auth is on without an audience or an allow-list.
-
-    Push auth fails closed: with no allowed service account, a token of any
-    Google account would pass, so the service must not start that way.
-    """
-    if not enabled:
-        return
-    if isinstance(service_accounts, str):
-        raise SettingsError("auth_service_accounts must be a tuple of e-mails, not one string")
-    missing = [name for name, empty in (
-        ("EVENTBUS_AUTH_SERVICE_ACCOUNTS", not any(a.strip() for a in service_accounts)),
-        ("EVENTBUS_AUTH_AUDIENCE", not audience.strip())) if empty]
-    if missing:
-        raise SettingsError(f"EVENTBUS_AUTH is on but {' and '.join(missing)} "
-                            f"{'is' if len(missing) == 1 else 'are'} empty: push auth fails "
-                            "closed; name the push service account(s) and the audience, "
-                            "or turn EVENTBUS_AUTH off")
 
 
 T = TypeVar("T")
@@ -172,35 +108,209 @@ def parse_choice(*choices: str) -> Parser:
     return parse
 
 
-SOURCES: dict[str, tuple[str, Parser]] = {
-    "mongodb_uri": ("MONGODB_URI", parse_str),
-    "mongodb_db": ("MONGODB_DB", parse_str),
-    "collection": ("EVENTBUS_COLLECTION", parse_str),
-    "service": ("EVENTBUS_SERVICE", parse_str),
-    "lease_seconds": ("EVENTBUS_LEASE_SECONDS", parse_float),
-    "max_attempts": ("EVENTBUS_MAX_ATTEMPTS", parse_int),
-    "retention_days": ("EVENTBUS_RETENTION_DAYS", parse_float),
-    "project_id": ("GOOGLE_CLOUD_PROJECT", parse_str),
-    "topic": ("PUBSUB_TOPIC", parse_str),
-    "dead_letter_topic": ("EVENTBUS_DEAD_LETTER_TOPIC", parse_str),
-    "max_body_bytes": ("EVENTBUS_MAX_BODY_BYTES", parse_int),
-    "store_timeout_ms": ("EVENTBUS_STORE_TIMEOUT_MS", parse_int),
-    "auth_enabled": ("EVENTBUS_AUTH", parse_bool),
-    "auth_audience": ("EVENTBUS_AUTH_AUDIENCE", parse_str),
-    "auth_service_accounts": ("EVENTBUS_AUTH_SERVICE_ACCOUNTS", parse_list),
-    "relay_inline": ("EVENTBUS_RELAY_INLINE", parse_bool),
-    "relay_budget_seconds": ("EVENTBUS_RELAY_BUDGET_SECONDS", parse_float),
-    "guard_collection": ("EVENTBUS_GUARD_COLLECTION", parse_str),
-    "redrive_after_seconds": ("EVENTBUS_REDRIVE_AFTER_SECONDS", parse_float),
-    "redrive_max": ("EVENTBUS_REDRIVE_MAX", parse_int),
-    "redrive_backoff_cap_seconds": ("EVENTBUS_REDRIVE_BACKOFF_CAP_SECONDS", parse_float),
-    "log_level": ("LOG_LEVEL", parse_str),
-    "telemetry_exporter": ("EVENTBUS_TELEMETRY_EXPORTER",
-                           parse_choice("none", "cloudtrace", "otlp", "noop")),
-    "metrics_exporter": ("EVENTBUS_METRICS_EXPORTER",
-                         parse_choice("none", "prometheus", "otlp", "noop")),
-    "trace_sample_ratio": ("EVENTBUS_TRACE_SAMPLE_RATIO", parse_ratio),
-    "metrics_interval_seconds": ("EVENTBUS_METRICS_INTERVAL_SECONDS", parse_float),
-    "trace_libraries": ("EVENTBUS_TRACE_LIBRARIES", parse_list),
-}
-"""Where each field of ``Settings`` comes from: field → (variable, parser)."""
+def setting(default: Any = dataclasses.MISSING, *, env: str, parse: Parser, doc: str,
+            default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field read from the variable ``env`` with ``parse``; ``doc`` says what it does.
+
+    Give ``default``, or ``default_factory`` for a mutable default. The three
+    are kept in the field's metadata, where ``sources`` and ``settings_table``
+    find them.
+    """
+    metadata = {"env": env, "parse": parse, "doc": doc}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def sources(cls: type) -> dict[str, tuple[str, Parser]]:
+    """Where each field of the dataclass ``cls`` comes from: field → (variable, parser).
+
+    Read from the fields' metadata (``setting``); fields without any are left out.
+    """
+    return {field.name: (field.metadata["env"], field.metadata["parse"])
+            for field in dataclasses.fields(cls) if "env" in field.metadata}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every knob of the service. Build it with ``Settings.from_env()``."""
+
+    mongodb_uri: str = setting(
+        "mongodb://127.0.0.1:27018/", env="MONGODB_URI", parse=parse_str,
+        doc="Any MongoDB: Atlas, a replica set, a local `mongod` or the `localdb` tool "
+            "(`infra/localdb`).")
+    mongodb_db: str = setting(
+        "partner_events", env="MONGODB_DB", parse=parse_str,
+        doc="The database of the event and guard collections.")
+    collection: str = setting(
+        "partner_events", env="EVENTBUS_COLLECTION", parse=parse_str,
+        doc="The event collection: one document per idempotency key.")
+    service: str = setting(
+        "partner-eventbus", env="EVENTBUS_SERVICE", parse=parse_str,
+        doc="The service's name: `service` in log lines, `createdBy` in stored records.")
+    lease_seconds: float = setting(
+        20.0, env="EVENTBUS_LEASE_SECONDS", parse=parse_float,
+        doc="Claim and guard lease, renewed every quarter lease while a handler runs: "
+            "a killed worker's event is free again within one lease.")
+    max_attempts: int = setting(
+        100, env="EVENTBUS_MAX_ATTEMPTS", parse=parse_int,
+        doc="Attempt cap: past it an event is `FAILED` for good and acked.")
+    retention_days: float = setting(
+        30.0, env="EVENTBUS_RETENTION_DAYS", parse=parse_float,
+        doc="How long records are kept: `expire_at` (the TTL index) is `created` plus this.")
+    project_id: str = setting(
+        "local-project", env="GOOGLE_CLOUD_PROJECT", parse=parse_str,
+        doc="The Google Cloud project published to (`PUBSUB_EMULATOR_HOST` is read by "
+            "google-cloud-pubsub itself).")
+    topic: str = setting(
+        "partner-events", env="PUBSUB_TOPIC", parse=parse_str,
+        doc="The event-bus topic that `publish`, the relay and replays publish to.")
+    dead_letter_topic: str = setting(
+        "", env="EVENTBUS_DEAD_LETTER_TOPIC", parse=parse_str,
+        doc="The push subscription's dead-letter topic (empty: `<topic>-dlq`); the operator "
+            "tools name the subscription `eventbus dlq drain` pulls after it.")
+    max_body_bytes: int = setting(
+        DEFAULT_MAX_BODY_BYTES, env="EVENTBUS_MAX_BODY_BYTES", parse=parse_int,
+        doc="Larger push bodies are answered 413 (the default, about 13.6 MB, is 10 MB of "
+            "data base64-encoded plus the envelope).")
+    store_timeout_ms: int = setting(
+        5000, env="EVENTBUS_STORE_TIMEOUT_MS", parse=parse_int,
+        doc="MongoDB server-selection and socket timeout: a down store answers 503 well "
+            "inside the ack deadline.")
+    auth_enabled: bool = setting(
+        False, env="EVENTBUS_AUTH", parse=parse_bool,
+        doc="Verify the OIDC token of every push; on with no audience or no service "
+            "accounts, the service refuses to start.")
+    auth_audience: str = setting(
+        "", env="EVENTBUS_AUTH_AUDIENCE", parse=parse_str,
+        doc="The `aud` push tokens must carry (required when `EVENTBUS_AUTH` is on).")
+    auth_service_accounts: tuple[str, ...] = setting(
+        (), env="EVENTBUS_AUTH_SERVICE_ACCOUNTS", parse=parse_list,
+        doc="Comma-separated service-account e-mails allowed to push (required when "
+            "`EVENTBUS_AUTH` is on).")
+    relay_inline: bool = setting(
+        True, env="EVENTBUS_RELAY_INLINE", parse=parse_bool,
+        doc="Publish a handler's children right after its `SUCCESS` (else only the "
+            "`eventbus relay` sweeper does).")
+    relay_budget_seconds: float = setting(
+        2.0, env="EVENTBUS_RELAY_BUDGET_SECONDS", parse=parse_float,
+        doc="The most the inline relay may delay the ack; what is left is the sweeper's.")
+    guard_collection: str = setting(
+        "side_effects", env="EVENTBUS_GUARD_COLLECTION", parse=parse_str,
+        doc="The collection of guarded side effects (`context.guard`), one document per key.")
+    redrive_after_seconds: float = setting(
+        1200.0, env="EVENTBUS_REDRIVE_AFTER_SECONDS", parse=parse_float,
+        doc="A FAILED-retryable record nothing redelivered for this long is published again "
+            "by the redrive sweeper: twice the push subscription's maximum backoff (600 s).")
+    redrive_max: int = setting(
+        20, env="EVENTBUS_REDRIVE_MAX", parse=parse_int,
+        doc="Redrives before an event is given up for good (the attempt cap applies as well).")
+    redrive_backoff_cap_seconds: float = setting(
+        6 * 3600.0, env="EVENTBUS_REDRIVE_BACKOFF_CAP_SECONDS", parse=parse_float,
+        doc="The longest wait between two redrives of an event (the wait doubles each time).")
+    log_level: str = setting(
+        "INFO", env="LOG_LEVEL", parse=parse_str,
+        doc="The level of the service's log lines (`DEBUG`, `INFO`, `WARNING`, ...).")
+    telemetry_exporter: str = setting(
+        "none", env="EVENTBUS_TELEMETRY_EXPORTER",
+        parse=parse_choice("none", "cloudtrace", "otlp", "noop"),
+        doc="Where spans go: `none` (no spans), `cloudtrace`, `otlp` (`OTEL_EXPORTER_OTLP_*`), "
+            "or `noop` (spans made and dropped, to measure their cost). Needs `[telemetry]`.")
+    metrics_exporter: str = setting(
+        "none", env="EVENTBUS_METRICS_EXPORTER",
+        parse=parse_choice("none", "prometheus", "otlp", "noop"),
+        doc="`none`, `prometheus` (a `/metrics` page), `otlp`, or `noop` (recorded, dropped).")
+    trace_sample_ratio: float = setting(
+        0.1, env="EVENTBUS_TRACE_SAMPLE_RATIO", parse=parse_ratio,
+        doc="Share of traces kept, decided on the trace id, so a cascade is kept or "
+            "dropped whole; the answer to tracing's cost (bench/README.md).")
+    metrics_interval_seconds: float = setting(
+        60.0, env="EVENTBUS_METRICS_INTERVAL_SECONDS", parse=parse_float,
+        doc="How often `otlp` (and `noop`) metrics are exported.")
+    trace_libraries: tuple[str, ...] = setting(
+        ("requests",), env="EVENTBUS_TRACE_LIBRARIES", parse=parse_list,
+        doc="Libraries instrumented when tracing is on: `requests` (partner calls), "
+            "`pymongo` (a span per round trip), `none`.")
+
+    def __post_init__(self) -> None:
+        """Refuse settings that would serve pushes unauthenticated while auth is on."""
+        validate_auth(self.auth_enabled, self.auth_audience, self.auth_service_accounts)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read the settings from ``environ`` (default ``os.environ``)."""
+        return read_env(cls, SOURCES, environ)
+
+
+def validate_auth(enabled: bool, audience: str, service_accounts: tuple[str, ...]) -> None:
+    """Raise ``SettingsError`` when auth is on without an audience or an allow-list.
+
+    Push auth fails closed: with no allowed service account, a token of any
+    Google account would pass, so the service must not start that way.
+    """
+    if not enabled:
+        return
+    if isinstance(service_accounts, str):
+        raise SettingsError("auth_service_accounts must be a tuple of e-mails, not one string")
+    missing = [name for name, empty in (
+        ("EVENTBUS_AUTH_SERVICE_ACCOUNTS", not any(a.strip() for a in service_accounts)),
+        ("EVENTBUS_AUTH_AUDIENCE", not audience.strip())) if empty]
+    if missing:
+        raise SettingsError(f"EVENTBUS_AUTH is on but {' and '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} empty: push auth fails "
+                            "closed; name the push service account(s) and the audience, "
+                            "or turn EVENTBUS_AUTH off")
+
+
+SOURCES: dict[str, tuple[str, Parser]] = sources(Settings)
+"""Where each field of ``Settings`` comes from: field → (variable, parser), from its metadata."""
+
+
+def format_default(value: Any) -> str:
+    """A default as the reference shows it: what the environment variable would hold."""
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, tuple | list):
+        value = ",".join(str(item) for item in value)
+    return f"`{value}`" if value != "" else "empty"
+
+
+def settings_table(cls: type) -> str:
+    """A Markdown table of the settings of the dataclass ``cls``: variable, default, doc.
+
+    Fields without ``setting`` metadata are left out.
+    """
+    lines = ["| variable | field | default | what it does |", "| --- | --- | --- | --- |"]
+    for field in dataclasses.fields(cls):
+        if "env" not in field.metadata:
+            continue
+        factory = field.default_factory
+        default = factory() if callable(factory) else field.default
+        doc = " ".join(field.metadata["doc"].split()).replace("|", "\\|")
+        lines.append(f"| `{field.metadata['env']}` | `{field.name}` | "
+                     f"{format_default(default)} | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+def reference_markdown() -> str:
+    """The configuration reference: every ``Settings`` variable, its default, what it does.
+
+    ``docs/CONFIGURATION.md`` holds this text; ``REGENERATE`` rewrites it.
+    """
+    return "\n".join([
+        "# Configuration",
+        "",
+        "Generated from the fields of `eventbus.settings.Settings` (each declares its",
+        "variable, parser and doc once, with `setting(...)`); do not edit by hand.",
+        "Regenerate it with",
+        "",
+        "```sh",
+        REGENERATE,
+        "```",
+        "",
+        "Read once from the environment (`eventbus.settings.read_env`): an unset or empty",
+        "variable keeps the default; a value that cannot be parsed stops the start-up with",
+        "a message naming the variable.",
+        "",
+        settings_table(Settings),
+    ])

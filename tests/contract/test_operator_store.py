@@ -1,4 +1,4 @@
-"""The operator primitives (``eventbus.store.operations``) on both stores.
+"""The operator primitives (``eventbus.store.operator_queries``) on both stores.
 
 Seed 002's queries ("Failed Events for Retry", "Partner Event History"),
 counts for the overview, the replay audit and the dead-letter record: every
@@ -18,7 +18,7 @@ from eventbus.model.errors import AlreadyExists
 from eventbus.store import documents
 from eventbus.store.base import EventStore
 from eventbus.store.documents import FAILED, PROCESSING, SUCCESS
-from eventbus.store.operations import Count, EventQuery, OperatorStore
+from eventbus.store.operator_queries import Count, EventQuery, OperatorStore
 from tests.contract.conftest import ERROR, FIELDS, new_key, put_raw
 
 HOUR = timedelta(hours=1)

@@ -13,12 +13,12 @@ from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
-from eventbus.ops.redrive import Redriver
 from eventbus.processor import Processor
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
-from eventbus.store.operations import EventQuery
+from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import CapturingPublisher, FakeClock
+from eventbus.workers.redrive import Redriver
 from tests.contract.conftest import ERROR, FIELDS, new_key
 
 AFTER = timedelta(seconds=1200)

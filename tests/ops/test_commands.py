@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.ops.operations import group_id, normalise
+from eventbus.ops.reports import group_id, normalise
 from eventbus.pubsub.message import build_event, build_message
-from eventbus.store.operations import EventQuery
+from eventbus.store.operator_queries import EventQuery
 from tests.ops.conftest import FIXED, Bus
 
 ESC = "\x1b[2J\x1b]0;owned\x07"

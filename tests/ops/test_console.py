@@ -22,7 +22,7 @@ from google.auth import crypt, jwt
 from eventbus.ops import cli
 from eventbus.settings import SettingsError
 from eventbus.web.console import ConsoleConfig, create_console_app, mount_console
-from eventbus.web.console.auth import COOKIE, IAP_HEADER, IAP_ISSUER
+from eventbus.web.console.access import COOKIE, IAP_HEADER, IAP_ISSUER
 from tests.ops.conftest import FIXED, Bus
 
 TOKEN = "local-token-123"
@@ -295,7 +295,7 @@ def test_the_console_command_serves_iap_identities_only(bus: Bus,
     monkeypatch.setenv("EVENTBUS_CONSOLE_AUDIENCE", AUDIENCE)
     monkeypatch.setenv("EVENTBUS_CONSOLE_OPERATORS", OPERATOR)
     monkeypatch.setenv("EVENTBUS_CONSOLE_TOKEN", TOKEN)
-    monkeypatch.setattr("eventbus.web.console.auth.fetch_certs", lambda url: IAP_CERTS)
+    monkeypatch.setattr("eventbus.web.console.access.fetch_certs", lambda url: IAP_CERTS)
     code, out, _, app = served(bus, monkeypatch, "--host", "0.0.0.0")
     assert code == 0 and TOKEN not in out and "?token" not in out
     browser, url = app.test_client(), "https://console.example.com"

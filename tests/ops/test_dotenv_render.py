@@ -1,8 +1,9 @@
-"""The ``.env`` parser (hostile lines included), its loading rules, and terminal-safe output."""
+"""The ``.env`` file (python-dotenv, hostile lines included), its loading rules, safe output."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.ops import dotenv
+from eventbus.ops import config
 from eventbus.ops.render import duration, moment, safe, table, to_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("A_1=ünïcode", ("A_1", "ünïcode")),
 ])
 def test_lines_that_parse(line: str, expected: tuple[str, str]) -> None:
-    assert dotenv.parse_line(line) == expected
+    assert config.env_file_values(line) == dict([expected])
 
 
 @pytest.mark.parametrize("line", [
@@ -39,12 +40,15 @@ def test_lines_that_parse(line: str, expected: tuple[str, str]) -> None:
     "A;B=1", "A\x1b[2J=1",
 ])
 def test_hostile_lines_are_skipped(line: str) -> None:
-    assert dotenv.parse_line(line) is None
+    assert config.env_file_values(line) == {}
 
 
-def test_parse_reports_skipped_lines_and_later_lines_win() -> None:
-    parsed = dotenv.parse("# c\n\nA=1\nnonsense\nA=2\n  B=3  \n")
-    assert parsed.values == {"A": "2", "B": "3"} and parsed.skipped == (4,)
+def test_unparsed_lines_are_reported_and_later_lines_win(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        values = config.env_file_values("# c\n\nA=1\nnonsense\nA=2\n  B=3  \nA='open\n")
+    assert values == {"A": "2", "B": "3"}
+    assert "line 7" in caplog.text  # python-dotenv names the line it could not parse
 
 
 def test_load_finds_the_file_up_to_the_git_root_and_the_environment_wins(
@@ -54,7 +58,7 @@ def test_load_finds_the_file_up_to_the_git_root_and_the_environment_wins(
     deep = tmp_path / "a" / "b"
     deep.mkdir(parents=True)
     env = {"PUBSUB_TOPIC": "from_shell"}
-    assert dotenv.load(deep, env) == tmp_path / ".env"
+    assert config.load_env_file(deep, env) == tmp_path / ".env"
     assert env == {"PUBSUB_TOPIC": "from_shell", "MONGODB_DB": "from_file"}
 
 
@@ -63,14 +67,14 @@ def test_a_file_above_the_git_root_is_not_ours(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     env: dict[str, str] = {}
-    assert dotenv.load(repo, env) is None and env == {}
+    assert config.load_env_file(repo, env) is None and env == {}
 
 
 def test_an_oversized_file_is_ignored(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
-    (tmp_path / ".env").write_text("A=1\n" + "#" * dotenv.MAX_BYTES)
+    (tmp_path / ".env").write_text("A=1\n" + "#" * config.MAX_ENV_BYTES)
     env: dict[str, str] = {}
-    assert dotenv.load(tmp_path, env) is None and env == {}
+    assert config.load_env_file(tmp_path, env) is None and env == {}
 
 
 def test_the_console_script_reads_dot_env_in_a_fresh_shell(tmp_path: Path) -> None:
@@ -83,7 +87,7 @@ def test_the_console_script_reads_dot_env_in_a_fresh_shell(tmp_path: Path) -> No
     # The bad value came from the file: proof that the file was read, before any server.
     assert done.returncode == 2 and "EVENTBUS_MAX_ATTEMPTS" in done.stderr
     env["EVENTBUS_MAX_ATTEMPTS"] = "7"
-    script = ("import os; from eventbus.ops import dotenv; dotenv.load(); "
+    script = ("import os; from eventbus.ops import config; config.load_env_file(); "
               "print(os.environ['PUBSUB_TOPIC'], os.environ['EVENTBUS_MAX_ATTEMPTS'])")
     again = subprocess.run([sys.executable, "-c", script],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,

@@ -9,20 +9,20 @@ from typing import Any
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import StoreUnavailable
 from eventbus.model.keys import canonical_json
-from eventbus.ops import dlq
 from eventbus.ops.replay import RateLimit, Replayer, routerless
 from eventbus.pubsub.message import build_event, build_message
 from eventbus.testing import CapturingPublisher
+from eventbus.workers import deadletter
 from tests.ops.conftest import Bus
 
 
 class FakeDeadLetters:
     subscription = "projects/local-project/subscriptions/partner-events-dlq-pull"
 
-    def __init__(self, messages: list[dlq.Pulled]) -> None:
-        self.waiting, self.acked = list(messages), []  # type: list[dlq.Pulled], list[str]
+    def __init__(self, messages: list[deadletter.Pulled]) -> None:
+        self.waiting, self.acked = list(messages), []  # type: list[deadletter.Pulled], list[str]
 
-    def pull(self, max_messages: int) -> Sequence[dlq.Pulled]:
+    def pull(self, max_messages: int) -> Sequence[deadletter.Pulled]:
         taken, self.waiting = self.waiting[:max_messages], self.waiting[max_messages:]
         return taken
 
@@ -30,11 +30,11 @@ class FakeDeadLetters:
         self.acked.extend(ack_ids)
 
 
-def pulled(n: int, tag: str) -> dlq.Pulled:
+def pulled(n: int, tag: str) -> deadletter.Pulled:
     event = build_event("OR_MGMT", {"tag": tag}, entity={"partnerId": "p-1", "entity_id": tag,
                                                           "entity_type": "Order"})
     data, attributes = build_message(event, key=tag)
-    return dlq.Pulled(f"ack-{n}", Delivery(data, attributes, message_id=f"dl-{n}",
+    return deadletter.Pulled(f"ack-{n}", Delivery(data, attributes, message_id=f"dl-{n}",
                                            subscription=FakeDeadLetters.subscription))
 
 
@@ -58,16 +58,16 @@ class FlakyStore:
 def test_a_message_is_acked_only_after_its_write(bus: Bus) -> None:
     source = FakeDeadLetters([pulled(n, f"t{n}") for n in range(5)])
     flaky = FlakyStore(bus.store, fail_at=4)
-    report = dlq.drain(flaky, source, routerless(bus.store), bus.clock, batch=2)
+    report = deadletter.drain(flaky, source, routerless(bus.store), bus.clock, batch=2)
     assert (report.pulled, report.stored, report.acked) == (4, 3, 3)
     assert source.acked == ["ack-0", "ack-1", "ack-2"] and "store unavailable" in report.error
-    again = dlq.drain(bus.store, source, routerless(bus.store), bus.clock, batch=2)
+    again = deadletter.drain(bus.store, source, routerless(bus.store), bus.clock, batch=2)
     assert again.pulled == 1 and again.error == ""  # the fifth; the fourth comes back later
 
 
 def test_drain_respects_its_limit(bus: Bus) -> None:
     source = FakeDeadLetters([pulled(n, f"l{n}") for n in range(5)])
-    report = dlq.drain(bus.store, source, routerless(bus.store), bus.clock, batch=2, limit=3)
+    report = deadletter.drain(bus.store, source, routerless(bus.store), bus.clock, batch=2, limit=3)
     assert (report.pulled, report.acked, len(source.waiting)) == (3, 3, 2)
 
 

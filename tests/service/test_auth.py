@@ -27,7 +27,7 @@ from eventbus import create_app, push_target
 from eventbus.deadline import DeadlineExceeded
 from eventbus.model.errors import Forbidden, Unauthenticated
 from eventbus.model.router import Router
-from eventbus.pubsub.auth import Authenticator, CertificateCache, fetch_certs
+from eventbus.pubsub.push_auth import Authenticator, CertificateCache, fetch_certs
 from eventbus.settings import Settings, SettingsError
 from eventbus.store.memory import MemoryEventStore
 from handlers.settings import AppSettings

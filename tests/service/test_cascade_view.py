@@ -2,7 +2,7 @@
 
 ``eventbus.ops.cascade.load(store, key)`` walks a cascade from its root with
 each event's status; ``render`` prints it as ``eventbus trace`` does, and
-``eventbus.ops.cli.status_table(store)`` is what ``eventbus status`` prints.
+``eventbus.ops.progress.status_table(store)`` is what ``eventbus status`` prints.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.keys import child_key
 from eventbus.ops import cascade as trace
 from eventbus.ops import cli
-from eventbus.ops.cli import status_table
+from eventbus.ops.progress import status_table
 from eventbus.store.base import OutboxEntry
 from eventbus.store.documents import error_document
 from eventbus.store.memory import MemoryEventStore

@@ -24,7 +24,7 @@ from eventbus.model.router import Router
 from eventbus.processor import Result
 from eventbus.store.memory import MemoryEventStore
 from eventbus.web import logs
-from eventbus.web.status import STATUS, outcome_response
+from eventbus.web.http_status import STATUS, outcome_response
 from handlers.partners import PartnerRejected, PartnerUnavailable
 from tests.service.conftest import Harness, Make, event
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from eventbus.model.forward import forward_key
 from eventbus.ops.commands.queries import show_text
-from eventbus.ops.operations import event_view, forwarded
+from eventbus.ops.reports import event_view, forwarded
 from eventbus.outbox.relay import Relay
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore

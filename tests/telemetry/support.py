@@ -11,13 +11,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from eventbus.telemetry.metrics import InMemoryReader, LocalMetrics
+from eventbus.telemetry import names
 from eventbus.telemetry.otel import OtelTelemetry
-from eventbus.telemetry.providers import sampler
+from eventbus.telemetry.providers import sampler, views
 from eventbus.testing import FakeClock
 from eventbus.web import logs
 
@@ -28,7 +29,7 @@ class Recorded:
 
     telemetry: OtelTelemetry
     spans: InMemorySpanExporter
-    reader: InMemoryReader
+    reader: InMemoryMetricReader
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.spans.get_finished_spans())
@@ -45,12 +46,12 @@ class Recorded:
                 for point in found.data.data_points]
 
     def events(self) -> dict[tuple[str, str], int]:
-        """``eventbus.events`` as {(event_type, outcome): count}."""
-        return {(str(point.attributes["event_type"]), str(point.attributes["outcome"])):
-                int(point.value) for point in self.points("eventbus.events")}
+        """Deliveries consumed as {(event_type, outcome): count}."""
+        return {(str(point.attributes[names.EVENT_TYPE]), str(point.attributes[names.OUTCOME])):
+                int(point.value) for point in self.points(names.CONSUMED)}
 
     def outcomes(self) -> dict[str, int]:
-        """``eventbus.events`` summed over event types: {outcome: count}."""
+        """Deliveries consumed, summed over event types: {outcome: count}."""
         totals: dict[str, int] = {}
         for (_, outcome), count in self.events().items():
             totals[outcome] = totals.get(outcome, 0) + count
@@ -59,15 +60,14 @@ class Recorded:
 
 def recorded(clock: FakeClock | None = None, *, tracing: bool = True,
              metering: bool = True) -> Recorded:
-    local = LocalMetrics()
-    spans, reader = InMemorySpanExporter(), InMemoryReader(local)
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
     tracer_provider = None
     if tracing:
         tracer_provider = TracerProvider(sampler=sampler(1.0))
         tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    meter_provider = MeterProvider(metric_readers=[reader]) if metering else None
+    meter_provider = MeterProvider(metric_readers=[reader], views=views()) if metering else None
     telemetry = OtelTelemetry(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                              now=clock, local=local)
+                              now=clock)
     return Recorded(telemetry, spans, reader)
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from eventbus import Context, Router
+from eventbus.correlation.tracecontext import parse_traceparent
 from eventbus.model.outcome import Outcome
 from eventbus.outbox.relay import Relay
 from eventbus.telemetry import Telemetry
-from eventbus.telemetry.context import parse_traceparent
 from eventbus.testing import FakeClock, LocalBus
 from tests.telemetry.support import Recorded, captured_lines, parent_of, recorded, trace_ids
 
@@ -138,3 +140,34 @@ def test_a_message_with_a_traceparent_attribute_continues_that_trace() -> None:
     assert f"{parent.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
     assert parent.parent is not None and f"{parent.parent.span_id:016x}" == "b7ad6b7169203331"
     assert len(trace_ids(rec.finished())) == 1
+
+
+@pytest.mark.parametrize(("header", "value", "trace_id"), [
+    ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+     0x4bf92f3577b34da6a3ce929d0e0e4736),
+    ("X-Cloud-Trace-Context", "105445aa7843bc8bf206b12000100000/1;o=1",
+     0x105445aa7843bc8bf206b12000100000),
+])
+def test_a_push_requests_trace_header_is_read_by_the_otel_propagators(
+        header: str, value: str, trace_id: int) -> None:
+    import base64
+    import json
+
+    from eventbus import create_app
+    from eventbus.pubsub.message import build_event
+    from eventbus.settings import Settings
+    from eventbus.store.memory import MemoryEventStore
+
+    rec = recorded(FakeClock())
+    routes = Router()
+    routes.handler("ORDER")(lambda context: None)
+    app = create_app(routes, Settings(relay_inline=False), store=MemoryEventStore(),
+                     telemetry=rec.telemetry)
+    data = json.dumps(build_event("ORDER", {}, entity=ENTITY).to_document()).encode()
+    body = {"message": {"data": base64.b64encode(data).decode(), "messageId": "m-1",
+                        "attributes": {"event_type": "ORDER", "event_version": "v1"}},
+            "subscription": "projects/p/subscriptions/s"}
+    assert app.test_client().post("/", json=body, headers={header: value}).status_code == 200
+    (message,) = rec.named("message ORDER")
+    assert message.context.trace_id == trace_id and message.parent is not None
+    assert message.parent.is_remote

@@ -11,17 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventbus import Context, Router, create_app
-from eventbus.pubsub.message import build_event
-from eventbus.settings import Settings
-from eventbus.store.memory import MemoryEventStore
-from eventbus.telemetry import context
-from eventbus.telemetry.context import (
+from eventbus.correlation import tracecontext
+from eventbus.correlation.tracecontext import (
     TraceContext,
     from_attributes,
     from_headers,
     parse_cloud_trace,
     parse_traceparent,
 )
+from eventbus.pubsub.message import build_event
+from eventbus.settings import Settings
+from eventbus.store.memory import MemoryEventStore
 from tests.telemetry.support import captured_lines, recorded
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -73,14 +73,15 @@ def test_headers_prefer_traceparent_and_keep_a_clean_tracestate() -> None:
 
 
 def test_a_scope_holds_the_trace_and_the_request_id_for_the_block_only() -> None:
-    assert context.current_scope() is None
-    trace = context.new_trace()
-    with context.scope(trace, "req-1"):
-        assert context.current_trace() == trace and context.current_request_id() == "req-1"
-        assert context.carried({})["traceparent"] == trace.traceparent
-        with context.adopted(None, "other"):
-            assert context.current_request_id() == "req-1"  # an outer id is kept
-    assert context.current_scope() is None and context.current_request_id() == ""
+    assert tracecontext.current_scope() is None
+    trace = tracecontext.new_trace()
+    with tracecontext.scope(trace, "req-1"):
+        assert tracecontext.current_trace() == trace
+        assert tracecontext.current_request_id() == "req-1"
+        assert tracecontext.carried({})["traceparent"] == trace.traceparent
+        with tracecontext.adopted(None, "other"):
+            assert tracecontext.current_request_id() == "req-1"  # an outer id is kept
+    assert tracecontext.current_scope() is None and tracecontext.current_request_id() == ""
     assert trace.local and parse_traceparent(trace.traceparent) == trace
 
 

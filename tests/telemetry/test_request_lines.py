@@ -14,14 +14,14 @@ import pytest
 import requests
 
 from eventbus import Context, Router, create_app
+from eventbus.correlation import tracecontext
+from eventbus.correlation.session import logging_session
 from eventbus.model.errors import PublishError
 from eventbus.model.outcome import Outcome
 from eventbus.pubsub.message import build_event
 from eventbus.pubsub.publisher import Publisher
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
-from eventbus.telemetry import context
-from eventbus.telemetry.http import logging_session
 from eventbus.testing import LocalBus
 from handlers.notifications import NOTIFY
 from tests.partner_server import PartnerServer
@@ -188,8 +188,8 @@ class FakeClient:
 def test_a_publish_writes_one_outbound_line_and_carries_the_callers_trace() -> None:
     client = FakeClient()
     publisher = Publisher("proj", "events", client=client)  # type: ignore[arg-type]
-    caller = context.new_trace(sampled=True)
-    with captured_lines() as lines, context.scope(caller, "req-1"):
+    caller = tracecontext.new_trace(sampled=True)
+    with captured_lines() as lines, tracecontext.scope(caller, "req-1"):
         publisher.publish("OK", {}, entity=ENTITY, idempotency_key="k-1")
     (line,) = outbound(lines)
     assert line["kind"] == "publish" and line["status"] == 200
@@ -213,6 +213,6 @@ def test_a_given_traceparent_is_kept() -> None:
     client = FakeClient()
     publisher = Publisher("proj", "events", client=client)  # type: ignore[arg-type]
     given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    with context.scope(context.new_trace()):
+    with tracecontext.scope(tracecontext.new_trace()):
         publisher.publish_message(b"{}", {"traceparent": given})
     assert client.sent[0]["traceparent"] == given

@@ -1,92 +1,31 @@
-"""The lean tracer: OpenTelemetry API semantics, spans delivered to the SDK's processors, and the
-standard instrumentations' spans nesting under the service's own (pymongo under claim/finish)."""
+"""Sampling on the SDK tracer (a cascade kept or dropped whole), and the pymongo
+instrumentation's spans: only for the handler's own commands, never for claim or finish."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from eventbus import Router
 from eventbus.model.delivery import Delivery
 from eventbus.processor import Processor
 from eventbus.settings import Settings
 from eventbus.telemetry import providers
-from eventbus.telemetry.spans import MAX_ATTRIBUTES, LeanSpan, LeanTracerProvider
 from eventbus.testing import FakeClock
 from tests.telemetry.support import parent_of, recorded
-
-
-@pytest.fixture()
-def exported() -> Iterator[tuple[LeanTracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=providers.sampler(1.0))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield LeanTracerProvider(provider), exporter
-    provider.shutdown()
-
-
-def test_spans_reach_the_processors_with_their_parent_scope_and_attributes(
-        exported: tuple[LeanTracerProvider, InMemorySpanExporter]) -> None:
-    lean, exporter = exported
-    tracer = lean.get_tracer("lib", "1.2")
-    with tracer.start_as_current_span("outer", kind=SpanKind.SERVER,
-                                      attributes={"a": 1}) as outer:
-        assert isinstance(outer, LeanSpan) and trace.get_current_span() is outer
-        inner = tracer.start_span("inner")
-        inner.set_attributes({"ok": "yes", "list": ["x", "y"], "bad": {"no": 1}, "none": None})
-        inner.add_event("seen", {"n": 1})
-        inner.update_name("renamed")
-        inner.end()
-        inner.set_attribute("late", 1)  # ignored: ended
-        inner.end()  # once only
-    spans = {span.name: span for span in exporter.get_finished_spans()}
-    assert set(spans) == {"outer", "renamed"}
-    renamed = spans["renamed"]
-    assert dict(renamed.attributes or {}) == {"ok": "yes", "list": ("x", "y")}
-    assert [event.name for event in renamed.events] == ["seen"]
-    assert renamed.parent is not None and renamed.parent.span_id == spans["outer"].context.span_id
-    assert renamed.context.trace_id == spans["outer"].context.trace_id
-    assert spans["outer"].kind is SpanKind.SERVER and spans["outer"].parent is None
-    assert renamed.instrumentation_scope is not None
-    assert (renamed.instrumentation_scope.name, renamed.instrumentation_scope.version) == (
-        "lib", "1.2")
-    assert renamed.start_time is not None and renamed.end_time is not None
-    assert renamed.end_time >= renamed.start_time
-
-
-def test_errors_status_and_limits(exported: tuple[LeanTracerProvider,
-                                                  InMemorySpanExporter]) -> None:
-    lean, exporter = exported
-    tracer = lean.get_tracer("lib")
-    with pytest.raises(ValueError), tracer.start_as_current_span("failing"):
-        raise ValueError("broken")
-    span = tracer.start_span("capped")
-    for number in range(MAX_ATTRIBUTES + 10):
-        span.set_attribute(f"k{number}", number)
-    span.set_status(Status(StatusCode.OK))
-    span.set_status(StatusCode.ERROR, "too late")  # OK is final
-    span.end()
-    failing, capped = exporter.get_finished_spans()
-    assert failing.status.status_code is StatusCode.ERROR
-    (event,) = failing.events
-    assert event.name == "exception" and event.attributes is not None
-    assert event.attributes["exception.type"] == "ValueError"
-    assert len(capped.attributes or {}) == MAX_ATTRIBUTES
-    assert capped.status.status_code is StatusCode.OK
 
 
 def test_a_trace_the_sampler_drops_makes_non_recording_spans_only() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=providers.sampler(0.5))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = LeanTracerProvider(provider).get_tracer("lib")
+    tracer = provider.get_tracer("lib")
     kept = dropped = 0
     for _ in range(200):
         with tracer.start_as_current_span("root") as root:
@@ -103,15 +42,26 @@ def test_a_trace_the_sampler_drops_makes_non_recording_spans_only() -> None:
 
 
 def test_the_sampler_keeps_a_cascade_whole() -> None:
-    sampler = providers.CascadeSampler(0.5)
-    from opentelemetry.trace import SpanContext, TraceFlags
+    from opentelemetry.sdk.trace.sampling import Decision
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+    sampler = providers.sampler(0.5)
+
+    def kept(parent: SpanContext | None, trace_id: int) -> bool:
+        context = (None if parent is None else
+                   trace.set_span_in_context(NonRecordingSpan(parent)))
+        decided = sampler.should_sample(context, trace_id, "message")
+        return decided.decision is Decision.RECORD_AND_SAMPLE
+
+    decisions = set()
     for trace_id in range(1, 2**64, 2**58):
-        root = sampler.keeps(trace.INVALID_SPAN_CONTEXT, trace_id)
+        root = kept(None, trace_id)
+        decisions.add(root)
         remote = SpanContext(trace_id, 7, True, TraceFlags(0))
-        assert sampler.keeps(remote, trace_id) == root  # an unsampled parent message
+        assert kept(remote, trace_id) == root  # an unsampled parent message
         local = SpanContext(trace_id, 7, False, TraceFlags(1 if root else 0))
-        assert sampler.keeps(local, trace_id) == root
+        assert kept(local, trace_id) == root
+    assert decisions == {True, False}
 
 
 def test_claim_and_finish_stand_for_their_round_trip_and_handler_commands_get_pymongo_spans(
@@ -125,8 +75,8 @@ def test_claim_and_finish_stand_for_their_round_trip_and_handler_commands_get_py
         pytest.skip("pymongo was instrumented before in this process")
     clock = FakeClock()
     rec = recorded(clock)
-    assert rec.telemetry.spans is not None
-    installed = providers.instrument_libraries(rec.telemetry.spans, ("pymongo",))
+    assert rec.telemetry.tracer_provider is not None
+    installed = providers.instrument_libraries(rec.telemetry.tracer_provider, ("pymongo",))
     store = MongoEventStore.from_settings(Settings(mongodb_uri=mongo_uri,
                                                    mongodb_db="telemetry_spans_test"))
     try:
@@ -148,6 +98,7 @@ def test_claim_and_finish_stand_for_their_round_trip_and_handler_commands_get_py
     (claim,) = rec.named("claim")
     (finish,) = rec.named("finish")
     (handler,) = rec.named("handler")
+    # one CLIENT span: the handler's insert; claim and finish suppressed pymongo's
     (mongo,) = [span for span in rec.finished() if span.kind is SpanKind.CLIENT]
     assert parent_of(mongo) == handler.context.span_id  # the handler's own insert
     assert mongo.attributes is not None and mongo.attributes.get("db.system") == "mongodb"

@@ -25,7 +25,7 @@ from eventbus.model.keys import (
     child_key,
     fingerprint,
 )
-from eventbus.ops import cli
+from eventbus.ops import cli, specs
 from eventbus.outbox.relay import outbox_message
 from eventbus.pubsub.message import build_event, build_message, message_attributes
 from eventbus.store.documents import entry_filter, error_document, failed_update, published_update
@@ -215,5 +215,5 @@ def test_pubsub_down_stops_after_a_few_failures_in_a_row(
                      CapturingPublisher(failures=100))
     assert cli.main(["publish", "-"]) == 1
     err = capsys.readouterr().err
-    assert fake.tries == cli.MAX_FAILURES_IN_A_ROW
+    assert fake.tries == specs.MAX_FAILURES_IN_A_ROW
     assert "3 publish failures in a row; events #4-#10 not tried" in err

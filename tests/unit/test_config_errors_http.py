@@ -13,7 +13,7 @@ from eventbus.model.errors import (
 )
 from eventbus.model.outcome import Outcome
 from eventbus.settings import Settings, SettingsError
-from eventbus.web.status import STATUS, error_response
+from eventbus.web.http_status import STATUS, error_response
 
 
 def test_settings_read_the_environment_once_into_a_frozen_object() -> None:

@@ -6,6 +6,10 @@
 * only ``eventbus/store/mongo.py``, ``mongo_batch.py`` and ``roundtrips.py`` import pymongo or bson;
 * only ``eventbus/web/`` imports Flask (or Werkzeug);
 * only ``eventbus/store/`` touches a collection (``.collection``, ``find_one``, ``update_one``...);
+* ``eventbus/workers/`` imports the layers below it (model, settings, store protocol and
+  documents, processor, outbox, ``pubsub.message``, telemetry) and google-cloud-pubsub in
+  ``subscriber`` and ``deadletter`` only; never ``eventbus.ops`` (the CLI imports the
+  workers, not the other way round), ``eventbus.web`` or ``eventbus.testing``;
 * ``import eventbus`` (and the test bus) works where neither Flask nor pymongo is installed.
 """
 
@@ -26,9 +30,15 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 PYMONGO = ("pymongo", "bson", "gridfs", "motor")
 PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/mongo_batch.py",
+                   "eventbus/store/mongo_ops.py", "eventbus/store/mongo_errors.py",
                    "eventbus/store/roundtrips.py"}
 FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
+WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
+                      "eventbus.store.documents", "eventbus.processor", "eventbus.outbox",
+                      "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers")
+GOOGLE_CLIENT = ("google",)
+GOOGLE_CLIENT_MODULES = {"eventbus/workers/subscriber.py", "eventbus/workers/deadletter.py"}
 COLLECTION_METHODS = frozenset({
     "collection", "find", "find_one", "find_one_and_update", "find_one_and_replace",
     "find_one_and_delete", "insert_one", "insert_many", "update_one", "update_many",
@@ -114,10 +124,21 @@ def all_imports() -> Iterator[tuple[str, Import]]:
             yield relative(path), found
 
 
+def named(path: Path) -> list[Import]:
+    """The names a module's imports bring in: ``a.b`` for ``from a import b``, not ``a`` too."""
+    found = imports(path)
+    lists = {(item.line, item.statement) for item in found if item.module != item.statement}
+    return [item for item in found
+            if item.module != item.statement or (item.line, item.statement) not in lists]
+
+
 def test_the_rules_see_every_layer() -> None:
     names = {relative(path) for path in MODULES}
     assert {"eventbus/__init__.py", "eventbus/model/event.py", "eventbus/store/mongo.py",
-            "eventbus/web/app.py", "eventbus/processor/machine.py", "eventbus/testing.py"} <= names
+            "eventbus/web/app.py", "eventbus/processor/machine.py", "eventbus/testing.py",
+            "eventbus/workers/redrive.py"} <= names
+    redrive = {found.module for found in named(PACKAGE / "workers" / "redrive.py")}
+    assert "eventbus.workers.rebuild.build" in redrive and "eventbus.workers.rebuild" not in redrive
     mongo = {found.module for found in imports(PACKAGE / "store" / "mongo.py")}
     assert "pymongo" in mongo and "eventbus.model.errors" in mongo
     context = imports(PACKAGE / "model" / "context.py")
@@ -137,6 +158,20 @@ def test_the_contracts_package_imports_only_the_stdlib_and_the_model() -> None:
            if module.startswith("eventbus/contracts/") and not found.type_checking
            and not is_stdlib(found.module)
            and not under(found.module, "eventbus.model", "eventbus.contracts")]
+    assert bad == []
+
+
+def test_the_workers_import_only_the_layers_below_them() -> None:
+    bad = []
+    for path in MODULES:
+        module = relative(path)
+        if not module.startswith("eventbus/workers/"):
+            continue
+        for found in named(path):
+            allowed = under(found.module, *WORKERS_MAY_IMPORT) or (
+                under(found.module, *GOOGLE_CLIENT) and module in GOOGLE_CLIENT_MODULES)
+            if not found.type_checking and not is_stdlib(found.module) and not allowed:
+                bad.append(f"{module}:{found.line} imports {found.module}")
     assert bad == []
 
 
@@ -197,3 +232,42 @@ def test_the_web_layer_needs_flask() -> None:
                           capture_output=True, text=True, cwd=SRC.parent, timeout=120,
                           check=False)
     assert done.returncode != 0 and "flask" in done.stderr
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the library modules it imports at run time (type-only imports left out)."""
+    modules = {relative(path).removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+               for path in (SRC / "eventbus").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in (SRC / "eventbus").rglob("*.py"):
+        name = relative(path).removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        graph[name] = {found.module for found in imports(path)
+                       if not found.type_checking and found.module in modules
+                       and found.module != name and not under(name, found.module)}
+    return graph
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    """No import cycle between modules (late imports inside functions count too)."""
+    graph = module_graph()
+    cycles = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], {start}
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    cycles.append(" -> ".join([*trail, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*trail, nxt]))
+    assert cycles == []
+
+
+def test_no_module_name_is_used_twice() -> None:
+    """Each module says what it is: no two modules of the library share a name."""
+    names: dict[str, list[str]] = {}
+    for path in (SRC / "eventbus").rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.stem, []).append(relative(path))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

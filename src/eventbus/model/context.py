@@ -12,31 +12,58 @@ from eventbus.model import content
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent
 from eventbus.model.event import EntityMetadata, Event, event_from_document
-from eventbus.model.keys import canonical_json, child_key, fingerprint
+from eventbus.model.keys import canonical_json, child_key, fingerprint_text
 from eventbus.model.status import Status
 
 if TYPE_CHECKING:  # types only: the model never calls into the guard's layer
     from eventbus.guard import Guard
 
 
+class OutboxEntry(dict[str, Any]):
+    """An outbox entry as stored, carrying in memory the child's JSON text (``text``).
+
+    The inline relay publishes ``text`` as it is; an entry read back from the
+    store (the sweeper's) has none, and the relay serialises its fields again.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, fields: Mapping[str, Any], text: str = "") -> None:
+        super().__init__(fields)
+        self.text = text
+
+
 @dataclasses.dataclass(frozen=True)
 class Child:
-    """An event emitted by a handler, published by the relay after the parent succeeds."""
+    """An event emitted by a handler, published by the relay after the parent succeeds.
+
+    ``text`` is the event's canonical JSON, made once when it is emitted;
+    ``fingerprint`` is its hash. Both are derived from ``event`` when not given.
+    """
 
     key: str
     event: Event
     ordering_key: str = ""
+    text: str = ""
+    fingerprint: str = ""
 
-    def to_document(self, parent_key: str, root_key: str, created_at: datetime) -> dict[str, Any]:
+    def __post_init__(self) -> None:
+        """Serialise the event once, when the emitter did not."""
+        if not self.text:
+            object.__setattr__(self, "text", canonical_json(self.event.to_document()))
+        if not self.fingerprint:
+            object.__setattr__(self, "fingerprint", fingerprint_text(self.text))
+
+    def to_document(self, parent_key: str, root_key: str, created_at: datetime) -> OutboxEntry:
         """Return the outbox entry stored in the parent's document.
 
         ``created_at`` lets the sweeper leave young entries to the inline relay.
         """
-        return {"idempotency_key": self.key, **self.event.to_document(),
-                "ordering_key": self.ordering_key, "parent_key": parent_key,
-                "root_key": root_key, "status": Status.PENDING.value, "publish_attempts": 0,
-                "payload_fingerprint": fingerprint(self.event),
-                "created_at": created_at}
+        return OutboxEntry({"idempotency_key": self.key, **self.event.to_document(),
+                            "ordering_key": self.ordering_key, "parent_key": parent_key,
+                            "root_key": root_key, "status": Status.PENDING.value,
+                            "publish_attempts": 0, "payload_fingerprint": self.fingerprint,
+                            "created_at": created_at}, self.text)
 
 
 @dataclasses.dataclass
@@ -74,7 +101,9 @@ class Context:
         body = {"event_type": event_type, "event_version": version,
                 "event_direction": direction, "entity_metadata": meta.to_document(),
                 "entity_data": dict(data)}
-        self.children.append(Child(key=key, event=_validated(body), ordering_key=ordering_key))
+        event = _validated(body)
+        self.children.append(Child(key=key, event=event, ordering_key=ordering_key,
+                                   text=_serialised(event)))
         return key
 
 
@@ -85,9 +114,20 @@ def _validated(body: Mapping[str, Any]) -> Event:
         found = content.problem(body)
         if found:
             raise InvalidEvent(f"its data cannot be stored: {found}")
-        canonical_json(body)
         return event_from_document(body)
     except (InvalidEvent, TypeError, ValueError) as exc:
-        # A bad emit is a bug in the handler: a transient error keeps the
-        # parent retryable until a fixed handler is deployed.
-        raise ValueError(f"emit({body['event_type']!r}) cannot be published: {exc}") from exc
+        raise _bad_emit(body["event_type"], exc) from exc
+
+
+def _serialised(event: Event) -> str:
+    # The child's one serialisation: its text is published, its hash stored.
+    try:
+        return canonical_json(event.to_document())
+    except (TypeError, ValueError) as exc:
+        raise _bad_emit(event.event_type, exc) from exc
+
+
+def _bad_emit(event_type: object, exc: Exception) -> ValueError:
+    # A bad emit is a bug in the handler: a transient error keeps the
+    # parent retryable until a fixed handler is deployed.
+    return ValueError(f"emit({event_type!r}) cannot be published: {exc}")

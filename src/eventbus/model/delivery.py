@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import re
 from collections.abc import Mapping
 from typing import Any
+
+_FRACTION = re.compile(r"(\.\d{6})\d+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,3 +35,14 @@ class Delivery:
                 "subscription": self.subscription, "deliveryAttempt": self.delivery_attempt,
                 "orderingKey": self.ordering_key, "form": self.form,
                 "attributes": dict(self.attributes)}
+
+    def published_at(self) -> dt.datetime | None:
+        """Pub/Sub's ``publishTime`` (RFC 3339, up to nanoseconds); None when it is not one."""
+        value = self.publish_time
+        if not value or len(value) > 40:
+            return None
+        try:
+            moment = dt.datetime.fromisoformat(_FRACTION.sub(r"\1", value.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)

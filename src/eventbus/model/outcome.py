@@ -1,4 +1,4 @@
-"""What happened to one delivery; ``eventbus.web.status`` maps each to an HTTP status."""
+"""What happened to one delivery; ``eventbus.web.http_status`` maps each to an HTTP status."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from datetime import timedelta
 from typing import Any
 
 from eventbus.model.status import Status
-from eventbus.ops.operations import percentile, replay_boundaries, timeline
+from eventbus.ops.reports import percentile, replay_boundaries, timeline
 from eventbus.store.base import Record
-from eventbus.store.operations import EventQuery
+from eventbus.store.operator_queries import EventQuery
 
 HISTORY_FIELDS = ("idempotency_key", "event_type", "event_status", "retryable", "attempts",
                   "replayed_at_attempt", "replays", "entity_metadata", "created")

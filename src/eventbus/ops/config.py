@@ -14,13 +14,26 @@
 | ``EVENTBUS_CONSOLE_AUDIENCE`` | empty | the identity token's audience (``iap``/``oidc``) |
 | ``EVENTBUS_CONSOLE_OPERATORS`` | empty | e-mails allowed in (``iap``/``oidc``); required there |
 | ``EVENTBUS_CONSOLE_READ_ONLY`` | ``false`` | hide and refuse replay |
+
+The console script first loads a ``.env`` file (``load_env_file``). ``make
+run`` writes the local settings (database, emulator, project, topic, console
+token) to ``.env`` at the repository root, so every command it prints works
+as printed in a fresh shell. The file is looked for in the current directory,
+then in its parents up to the first one that holds ``.git``, and read by
+python-dotenv (the ``[service]`` extra) without variable interpolation; real
+environment variables win over the file. A line python-dotenv cannot parse is
+skipped with a warning, never fatal: the file is a convenience, not a
+configuration language.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
 from eventbus.settings import (
     Parser,
@@ -81,3 +94,65 @@ SOURCES: dict[str, tuple[str, Parser]] = {
     "console_read_only": ("EVENTBUS_CONSOLE_READ_ONLY", parse_bool),
 }
 """Where each field of ``OpsSettings`` comes from: field → (variable, parser)."""
+
+
+ENV_FILE = ".env"
+# Bigger than any settings file; a larger one is not ours and is ignored.
+MAX_ENV_BYTES = 64 * 1024
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_file_values(text: str) -> dict[str, str]:
+    """Return the variables of a ``.env`` text, read by python-dotenv with no interpolation.
+
+    Later lines override earlier ones. Left out: what python-dotenv cannot
+    parse (it logs a warning naming the line), a name that is not an
+    identifier, a name without ``=``, and a value holding NUL (which no
+    environment can carry).
+    """
+    from dotenv import dotenv_values
+
+    values = dotenv_values(stream=io.StringIO(text), interpolate=False)
+    return {name: value for name, value in values.items()
+            if value is not None and _NAME.fullmatch(name) and "\x00" not in value}
+
+
+def find_env_file(start: Path | None = None) -> Path | None:
+    """Return the ``.env`` of ``start`` (default: the current directory) or of its parents.
+
+    The search stops at the first directory that holds ``.git``: a ``.env``
+    above the repository belongs to something else.
+    """
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / ENV_FILE
+        if candidate.is_file():
+            return candidate
+        if (folder / ".git").exists():
+            return None
+    return None
+
+
+def load_env_file(start: Path | None = None,
+                  environ: MutableMapping[str, str] | None = None) -> Path | None:
+    """Set the variables of the nearest ``.env`` that are not set yet; return its path.
+
+    None when there is no such file, it cannot be read, it is larger than
+    ``MAX_ENV_BYTES``, or python-dotenv is not installed.
+    """
+    path = find_env_file(start)
+    if path is None:
+        return None
+    try:
+        if path.stat().st_size > MAX_ENV_BYTES:
+            return None
+        text = path.read_text(encoding="utf-8", errors="replace")
+        values = env_file_values(text)
+    except OSError:
+        return None
+    except ImportError:  # python-dotenv comes with the [service] extra
+        return None
+    env = os.environ if environ is None else environ
+    for name, value in values.items():
+        env.setdefault(name, value)  # the real environment wins
+    return path

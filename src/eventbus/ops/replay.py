@@ -2,10 +2,11 @@
 
 One replay is three steps, in this order:
 
-1. **build** the message from the record: its stored event fields as the
-   body and its stored attributes (``pubsub.attributes``: the original key,
-   the cascade links) as the attributes, and check that the message lands on
-   the record's own key (``Intake.locate``, or the key rules when no app is
+1. **build** the message from the record (``eventbus.workers.rebuild``, as
+   the redrive sweeper does): its stored event fields as the body and its
+   stored attributes (``pubsub.attributes``: the original key, the cascade
+   links) as the attributes, and check that the message lands on the
+   record's own key (``Intake.locate``, or the key rules when no app is
    given). A record that cannot be rebuilt is skipped, unchanged.
 2. **reopen** the record in one atomic update (``record_replay``): FAILED and
    retryable, ``replayed_at_attempt = attempts`` (the processor counts the
@@ -33,31 +34,17 @@ from typing import Any, Literal
 
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import AlreadyExists, EventBusError, InvalidEvent
-from eventbus.model.event import Event, event_from_document
-from eventbus.model.keys import canonical_json
 from eventbus.model.status import Status
 from eventbus.ops import correct
 from eventbus.processor import Located
-from eventbus.pubsub.message import MessagePublisher, message_attributes
+from eventbus.pubsub.message import MessagePublisher
 from eventbus.store.base import Record
+from eventbus.workers.rebuild import Locator, Message, NotReplayable, build, ordering_key
 
 logger = logging.getLogger("eventbus.ops")
 
 Outcome = Literal["replayed", "skipped", "failed", "planned"]
 STANDARD = ("event_type", "event_version", "idempotency_key")
-
-
-Locator = Callable[[Delivery], Located]
-
-
-@dataclasses.dataclass(frozen=True)
-class Message:
-    """The message a replay publishes: body, attributes, ordering key, and its target key."""
-
-    data: bytes
-    attributes: dict[str, str]
-    ordering_key: str | None
-    key: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,61 +60,6 @@ class ReplayResult:
     def to_json(self) -> dict[str, Any]:
         """Return the result as plain data."""
         return dataclasses.asdict(self)
-
-
-class NotReplayable(EventBusError):
-    """Raised when a record cannot be turned back into the message it came from."""
-
-
-def stored_event(record: Mapping[str, Any]) -> Event:
-    """Return the event a record holds, validated as the receiver validates it."""
-    if "raw_payload" in record or str(record.get("idempotency_key", "")).startswith("invalid:"):
-        raise NotReplayable("stored as invalid: replay it with corrected data (--data FILE)")
-    try:
-        return event_from_document(record)
-    except InvalidEvent as exc:
-        raise NotReplayable(f"the stored event does not validate: {exc}") from None
-
-
-def stored_attributes(record: Mapping[str, Any], event: Event) -> dict[str, str]:
-    """Return the attributes the record's message came with (rebuilt for older records)."""
-    pubsub = record.get("pubsub")
-    given = pubsub.get("attributes") if isinstance(pubsub, Mapping) else None
-    if isinstance(given, Mapping):
-        return {str(name): str(value) for name, value in given.items()}
-    links = {name: str(record[name]) for name in ("parent_key", "root_key") if record.get(name)}
-    # Without stored attributes the original key is known only when it was derived.
-    return message_attributes(event.event_type, event.event_version, "", links)
-
-
-def _without_empty_key(attributes: dict[str, str]) -> dict[str, str]:
-    if not attributes.get("idempotency_key"):
-        attributes.pop("idempotency_key", None)
-    return attributes
-
-
-def build(record: Mapping[str, Any], locate: Locator) -> Message:
-    """Return the message that replays ``record``; ``NotReplayable`` when there is none."""
-    event = stored_event(record)
-    attributes = _without_empty_key(stored_attributes(record, event))
-    data = canonical_json(event.to_document()).encode()
-    return _checked(Message(data, attributes, _ordering_key(record), ""), record, locate)
-
-
-def _checked(message: Message, record: Mapping[str, Any], locate: Locator) -> Message:
-    key = str(record.get("idempotency_key"))
-    located = locate(Delivery(message.data, message.attributes, message_id="replay"))
-    if located.error is not None:
-        raise NotReplayable(f"the receiver would refuse it: {located.error}")
-    if located.key != key:
-        raise NotReplayable(f"it would be stored under {located.key!r}, not under its own key")
-    return dataclasses.replace(message, key=key)
-
-
-def _ordering_key(record: Mapping[str, Any]) -> str | None:
-    pubsub = record.get("pubsub")
-    ordering = pubsub.get("orderingKey") if isinstance(pubsub, Mapping) else None
-    return str(ordering) if ordering else None
 
 
 class RateLimit:
@@ -187,7 +119,7 @@ class Replayer:
             fix = correct.correction(record, body, self.locate)
         except InvalidEvent as exc:
             return ReplayResult(key, "skipped", str(exc))
-        message = Message(fix.data, fix.attributes, _ordering_key(record), fix.key)
+        message = Message(fix.data, fix.attributes, ordering_key(record), fix.key)
         return self._reopen_and_publish(key, message, reopen=False, data=fix.audit)
 
     def _reopen_and_publish(self, key: str, message: Message, *, reopen: bool,

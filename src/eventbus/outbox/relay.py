@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventbus.correlation import tracecontext
 from eventbus.model.errors import EventBusError, InvalidEvent, PublishError
 from eventbus.model.forward import is_forward
 from eventbus.model.keys import CASCADE_LINKS, canonical_json
@@ -55,7 +56,7 @@ from eventbus.model.status import Status
 from eventbus.pubsub.message import MessagePublisher, message_attributes
 from eventbus.store.base import EventStore, OutboxEntry
 from eventbus.store.documents import error_document
-from eventbus.telemetry import Telemetry, context
+from eventbus.telemetry import Telemetry
 
 logger = logging.getLogger("eventbus.outbox.relay")
 
@@ -167,7 +168,11 @@ class Relay:
         return self.relay_entries(list(self.store.pending_outbox(self.now() - grace)))
 
     def _relay_entry(self, entry: OutboxEntry, deadline: float | None) -> RelayReport:
-        with self.telemetry.relaying(entry.entry) as carried:
+        # Log lines of the publish belong to the trace the child was emitted in.
+        stored = tracecontext.from_attributes(entry.entry)
+        with tracecontext.scope(stored or tracecontext.current_trace(),
+                                tracecontext.current_request_id()), \
+                self.telemetry.publishing(entry.entry) as carried:
             attempt = self._publish(entry.entry, deadline, carried)
         if attempt.error is not None:
             logger.warning("child %s of %s not published after %d tries: %s",
@@ -236,10 +241,11 @@ def outbox_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
     except KeyError as exc:
         raise InvalidEvent(f"outbox entry has no {exc}") from None
     links = {name: str(entry[name]) for name in CASCADE_LINKS if entry.get(name)}
-    emitted = context.from_attributes(entry)  # the context the child was emitted in
+    emitted = tracecontext.from_attributes(entry)  # the context the child was emitted in
     if emitted is not None:
         links.update(emitted.attributes())
-    data = canonical_json(body).encode()
+    text = getattr(entry, "text", "")  # the inline relay's: serialised when emitted
+    data = (text or canonical_json(body)).encode()
     return data, message_attributes(body["event_type"], body["event_version"], key, links)
 
 
@@ -258,7 +264,7 @@ def forward_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
                       "forward_id": str(entry["idempotency_key"])}
     except KeyError as exc:
         raise InvalidEvent(f"forwarding entry has no {exc}") from None
-    emitted = context.from_attributes(entry)
+    emitted = tracecontext.from_attributes(entry)
     if emitted is not None:
         attributes.update(emitted.attributes())
     return data, attributes

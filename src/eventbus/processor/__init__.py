@@ -2,7 +2,7 @@
 
 locate (once per message: ``intake``) → claim → dispatch under a renewed
 lease (``heartbeat``) → finish (``machine``). Each step's failure has exactly
-one outcome; ``eventbus.web.status`` turns outcomes into status codes.
+one outcome; ``eventbus.web.http_status`` turns outcomes into status codes.
 
 * record already SUCCESS, or FAILED for good   → DUPLICATE (ack, handler not run)
 * record PROCESSING under a live lease          → IN_PROGRESS (503, redelivered later)

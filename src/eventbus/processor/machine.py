@@ -1,7 +1,7 @@
 """The state machine: locate once, claim, run under a renewed lease, finish.
 
 See the package docstring for the outcomes. Every branch ends in one store
-write (or none) and one ``Result``; ``eventbus.web.status`` maps results to
+write (or none) and one ``Result``; ``eventbus.web.http_status`` maps results to
 HTTP statuses.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
@@ -86,13 +87,21 @@ class Processor:
     def process(self, delivery: Delivery, request_id: str = "") -> Result:
         """Process ``delivery``; never raises for anything a message can contain."""
         request_id = request_id or uuid.uuid4().hex
-        with self.telemetry.message(delivery, request_id) as observed:
-            try:
-                result = self._process(delivery, request_id)
-            except StoreUnavailable as exc:
-                logger.warning("store unavailable: %s", exc)
-                result = Result(Outcome.UNAVAILABLE, error=type(exc).__name__)
-            return observed.done(result)
+        # Log lines group by the message's trace; with tracing on, its span's.
+        scope = None if self.telemetry.tracing else tracecontext.adopt(
+            tracecontext.message_trace(delivery.attributes), request_id)
+        try:
+            with self.telemetry.message(delivery, request_id) as observed:
+                return observed.done(self._guarded(delivery, request_id))
+        finally:
+            tracecontext.leave(scope)
+
+    def _guarded(self, delivery: Delivery, request_id: str) -> Result:
+        try:
+            return self._process(delivery, request_id)
+        except StoreUnavailable as exc:
+            logger.warning("store unavailable: %s", exc)
+            return Result(Outcome.UNAVAILABLE, error=type(exc).__name__)
 
     def _process(self, delivery: Delivery, request_id: str) -> Result:
         located = self.intake.locate(delivery)
@@ -183,10 +192,11 @@ class Processor:
     def _succeed(self, located: Located, claim: Claim, context: Context) -> Result:
         now, key = self.now(), located.key
         created = documents.bson_time(now)
-        outbox = [child.to_document(key, context.root_key, created) for child in context.children]
+        outbox: list[dict[str, Any]] = [child.to_document(key, context.root_key, created)
+                                        for child in context.children]
         outbox += self.router.forwards.entries(context.event, key, context.root_key, created,
                                                (claim.previous or {}).get("outbox", ()))
-        outbox = self.telemetry.stamp(outbox)
+        outbox = tracecontext.stamp(outbox, self.telemetry.emitting())
         try:
             with self.telemetry.span("finish"):
                 stored = self.store.succeed(key, claim.owner, now, outbox)

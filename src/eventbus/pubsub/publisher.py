@@ -22,12 +22,12 @@ from typing import Any
 
 from google.cloud import pubsub_v1
 
+from eventbus.correlation import tracecontext
+from eventbus.correlation.outbound import outbound_call
 from eventbus.model.errors import PublishError
 from eventbus.model.event import Event
 from eventbus.pubsub.message import Entity, MessagePublisher, build_event, build_message
 from eventbus.settings import Settings
-from eventbus.telemetry import context
-from eventbus.telemetry.outbound import outbound_call
 
 
 class Publisher:
@@ -83,7 +83,7 @@ class Publisher:
         Writes one ``REQUEST_OUTBOUND`` line. Attributes without a ``traceparent``
         get the caller's trace context, so the receiver joins the caller's trace.
         """
-        attributes = context.carried(attributes or {})
+        attributes = tracecontext.carried(attributes or {})
         path = self.topic_path if topic is None else self.client.topic_path(self.project, topic)
         try:
             with outbound_call("POST", self.host, f"/v1/{path}:publish",

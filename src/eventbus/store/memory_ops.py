@@ -1,7 +1,7 @@
 """The operator primitives in memory: a mixin that ``MemoryEventStore`` inherits.
 
 It uses the store's ``_events`` and ``_lock`` and applies the same pure
-rules (``eventbus.store.operations``) that ``mongo_ops`` sends to the server.
+rules (``eventbus.store.operator_queries``) that ``mongo_ops`` sends to the server.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from eventbus.model.errors import AlreadyExists
 from eventbus.model.event import lookup
 from eventbus.store import documents
 from eventbus.store.base import Record
-from eventbus.store.operations import (
+from eventbus.store.operator_queries import (
     Count,
     EventQuery,
     Order,

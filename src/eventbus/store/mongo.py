@@ -13,30 +13,27 @@ Each store counts its own round trips (``round_trips``) on the client it made.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Collection as Collection_
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from bson.errors import InvalidDocument, InvalidStringData
 from pymongo import ASCENDING, DESCENDING, IndexModel, MongoClient, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.database import Database
-from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
+from pymongo.errors import DuplicateKeyError
 
 from eventbus.model.errors import (
     AlreadyExists,
     Conflict,
-    ContentRejected,
     LeaseHeld,
-    StoreUnavailable,
 )
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
 from eventbus.store.mongo_batch import MongoBatchMixin
+from eventbus.store.mongo_errors import unavailable as _unavailable
 from eventbus.store.mongo_ops import MongoOperatorMixin
 from eventbus.store.roundtrips import RoundTrips
 
@@ -60,36 +57,6 @@ INDEXES = (
 """The collection's indexes: seed 002's four, the unique key, the outbox and redrive sweeps."""
 OUTBOX_INDEX = "outbox.status_1"
 """The outbox sweep's index, one of ``INDEXES``."""
-
-
-@contextlib.contextmanager
-def _unavailable(action: str, key: str) -> Iterator[None]:
-    """Turn a refusal of the content into ``ContentRejected``, other failures ``StoreUnavailable``.
-
-    The first is never retried (the same content fails the same way); the
-    processor's own checks (``eventbus.model.content``) catch nearly all of
-    it before, this is the backstop for what a particular server refuses.
-    """
-    try:
-        yield
-    except _CONTENT_ERRORS as exc:
-        raise ContentRejected(f"{action}: the store refused the content: "
-                              f"{type(exc).__name__}") from exc
-    except OperationFailure as exc:
-        if exc.code in CONTENT_ERROR_CODES:
-            raise ContentRejected(f"{action}: the store refused the content: "
-                                  f"code {exc.code}") from exc
-        raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
-    except PyMongoError as exc:
-        raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
-
-
-# What the driver raises for content it cannot encode: too large, bad keys or
-# text, integers past 64 bits, nesting beyond the encoder's recursion.
-_CONTENT_ERRORS = (InvalidDocument, InvalidStringData, OverflowError, UnicodeEncodeError,
-                   RecursionError)
-CONTENT_ERROR_CODES = documents.CONTENT_ERROR_CODES
-"""Server error codes that mean "this content cannot be stored" (``documents.refuses_content``)."""
 
 
 class MongoEventStore(MongoBatchMixin, MongoOperatorMixin):

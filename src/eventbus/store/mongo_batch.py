@@ -23,9 +23,8 @@ shape, not the round trip, sets the ceiling):
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,17 +33,10 @@ from pymongo.errors import BulkWriteError
 
 from eventbus.store import documents
 from eventbus.store.base import BatchClaim, Claim, Finish, Record
+from eventbus.store.mongo_errors import unavailable
 
 DUPLICATE_KEY = 11000
 CONTENT_ERROR_CODES = documents.CONTENT_ERROR_CODES
-
-
-@contextlib.contextmanager
-def _unavailable(action: str) -> Iterator[None]:
-    from eventbus.store.mongo import _unavailable as wrap  # bound late: mongo imports us
-
-    with wrap(action, "batch"):
-        yield
 
 
 class MongoBatchMixin:
@@ -63,7 +55,7 @@ class MongoBatchMixin:
                  "retention": self._retention}
         inserts = [InsertOne(documents.new_record(key, items[key], now, **rules))  # type: ignore[arg-type]
                    for key in keys]
-        with _unavailable("claim batch"):
+        with unavailable("claim batch", "batch"):
             refused, existing = _insert(self._collection, inserts)
             upserts = [UpdateOne(documents.key_filter(keys[i]), documents.claim_pipeline(
                 items[keys[i]], now, **rules), upsert=True)  # type: ignore[arg-type]
@@ -83,7 +75,7 @@ class MongoBatchMixin:
         stamp = documents.epoch_ms(now)
         writes = [UpdateOne(documents.owner_filter(f.key, f.owner), _finish_update(f, now))
                   for f in finishes]
-        with _unavailable("finish batch"):
+        with unavailable("finish batch", "batch"):
             matched, refused = _bulk(self._collection, writes)
             if refused:  # children the store cannot hold: FAILED for good, as for one event
                 matched += self._refuse(finishes, refused, now)
@@ -118,7 +110,7 @@ class MongoBatchMixin:
         writes = [UpdateMany({"idempotency_key": {"$in": keys}, "lease_owner": owner,
                               "event_status": documents.PROCESSING}, update)
                   for owner, keys in by_owner.items()]
-        with _unavailable("renew batch"):
+        with unavailable("renew batch", "batch"):
             if _bulk(self._collection, writes)[0] == len(owners):
                 return set(owners)
             held = self._collection.find({"idempotency_key": {"$in": list(owners)},

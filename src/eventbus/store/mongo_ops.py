@@ -1,23 +1,24 @@
 """The operator primitives on MongoDB: a mixin that ``MongoEventStore`` inherits.
 
 It uses the store's ``_collection``, ``_created_by`` and ``_retention``, and
-its error rule: every pymongo failure becomes ``StoreUnavailable``. This
-module imports no pymongo itself (``eventbus.store.mongo`` does, and the
-mixin borrows its error wrapper at call time, because ``mongo`` imports
-this module to inherit from it).
+the store's error rule (``eventbus.store.mongo_errors``): every pymongo
+failure becomes ``StoreUnavailable``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError
 
 from eventbus.model.errors import AlreadyExists
 from eventbus.store import documents
 from eventbus.store.base import Record
-from eventbus.store.operations import (
+from eventbus.store.mongo_errors import unavailable as _unavailable
+from eventbus.store.operator_queries import (
     Count,
     EventQuery,
     Order,
@@ -32,21 +33,6 @@ _ORDERS: dict[str, list[tuple[str, int]]] = {
     "newest": [("created", DESCENDING)],
     "attempts": [("attempts", DESCENDING), ("created", DESCENDING)],
 }
-
-
-@contextlib.contextmanager
-def _unavailable(action: str, key: str) -> Iterator[None]:
-    from eventbus.store.mongo import _unavailable as wrap  # bound late: mongo imports us
-
-    with wrap(action, key):
-        yield
-
-
-def _driver() -> Any:
-    """Return ``eventbus.store.mongo``, which holds the driver's names this mixin needs."""
-    from eventbus.store import mongo  # bound late: mongo imports us
-
-    return mongo
 
 
 class MongoOperatorMixin:
@@ -85,7 +71,7 @@ class MongoOperatorMixin:
         with _unavailable("replay", key):
             after: Record | None = self._collection.find_one_and_update(
                 replay_filter(key, reopen=reopen), replay_pipeline(entry, now, reopen=reopen),
-                return_document=_driver().ReturnDocument.AFTER)
+                return_document=ReturnDocument.AFTER)
             if after is not None or not reopen:
                 return after
             current: Record | None = self._collection.find_one(documents.key_filter(key))
@@ -104,7 +90,7 @@ class MongoOperatorMixin:
             try:
                 done = self._collection.update_one(documents.key_filter(key), update,
                                                    upsert=True)
-            except _driver().DuplicateKeyError:  # a racing insert of the same key won
+            except DuplicateKeyError:  # a racing insert of the same key won
                 self._collection.update_one(documents.key_filter(key),
                                             {"$set": update["$set"]})
                 return "marked"

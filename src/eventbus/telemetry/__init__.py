@@ -1,23 +1,38 @@
-"""Telemetry: trace context on every log line, request lines for outbound calls, traces, metrics.
+"""Telemetry: spans and metrics through OpenTelemetry's SDK, off by default.
 
-* ``context``: W3C / Cloud trace context parsing and the current scope
-  (pure: the standard library only);
-* ``outbound``: the ``REQUEST_OUTBOUND`` line and Cloud Logging's ``httpRequest``;
-* ``core``: ``Telemetry``, the default (no spans, no metrics; carries trace context);
-* ``otel``: ``OtelTelemetry``, spans and metrics through OpenTelemetry;
-* ``providers``: providers and exporters from ``Settings``;
-* ``spans``: a lean ``Tracer`` (the API's) feeding the SDK's span processors;
-* ``metrics``: histograms aggregated here, merged into what the SDK's readers collect;
-* ``http``: a ``requests`` session that writes one outbound line per call;
-* ``names``: the metric and span attribute names it exports.
+* ``from_settings``: the telemetry a service's settings ask for;
+* ``core``: ``Telemetry``, the default: every call a no-op;
+* ``otel``: ``OtelTelemetry``, spans and metrics on the SDK's public API;
+* ``providers``: providers, exporters, views and propagators from ``Settings``;
+* ``names``: the metric and attribute names it exports.
 
-May import: ``eventbus.model``, ``eventbus.settings`` (and ``eventbus.store.base``
-for types only). OpenTelemetry is imported only by ``otel``, ``spans``,
-``metrics`` and ``providers``, which load only when an exporter is configured; ``requests``
-only by ``http``. So the library imports, and runs with telemetry off,
-where neither OpenTelemetry nor requests is installed.
+May import: ``eventbus.settings``, ``eventbus.correlation`` (and
+``eventbus.model``, ``eventbus.store.base`` for types only). OpenTelemetry
+is imported only by ``otel`` and ``providers``, which load only when an
+exporter is configured: the library runs with telemetry off where
+OpenTelemetry is not installed.
 """
 
-from eventbus.telemetry.core import Observation, Telemetry
+from __future__ import annotations
 
-__all__ = ["Observation", "Telemetry"]
+from eventbus.settings import Settings, SettingsError
+from eventbus.telemetry.core import Clock, Observation, Telemetry
+
+__all__ = ["Observation", "Telemetry", "from_settings"]
+
+
+def from_settings(settings: Settings, *, now: Clock | None = None,
+                  instrument: bool = True) -> Telemetry:
+    """Return the telemetry ``settings`` ask for: the no-op ``Telemetry`` when both are off.
+
+    ``instrument`` turns on the instrumentations of ``EVENTBUS_TRACE_LIBRARIES``
+    along with tracing (process-wide, the first time only).
+    """
+    if settings.telemetry_exporter == "none" and settings.metrics_exporter == "none":
+        return Telemetry(now=now)
+    try:
+        from eventbus.telemetry.otel import OtelTelemetry
+    except ImportError as exc:
+        raise SettingsError(f"telemetry needs the [telemetry] extra "
+                            f"(pip install 'eventbus[telemetry]'): {exc}") from None
+    return OtelTelemetry.from_settings(settings, now=now, instrument=instrument)

@@ -1,24 +1,35 @@
-"""The names the service's telemetry exports: metrics and span attributes.
+"""The names the service's telemetry exports: metrics, span and metric attributes.
 
-They share the ``eventbus.`` prefix with the library's modules but name
-signals, not code; ``NAMES`` lists them (the docs test accepts them).
+OpenTelemetry's messaging conventions name what they cover (messages
+consumed, the processing time, the messaging system, the message id, the
+error type); the rest, which the conventions have no name for (event type,
+outcome, end-to-end latency, attempts, the outbox), carries the ``eventbus.``
+prefix. ``NAMES`` lists them (the docs test accepts them).
 """
 
 from __future__ import annotations
 
-EVENTS = "eventbus.events"
-HANDLER_DURATION = "eventbus.handler.duration"
+CONSUMED = "messaging.client.consumed.messages"
+PROCESS_DURATION = "messaging.process.duration"
 END_TO_END = "eventbus.event.end_to_end"
 ATTEMPTS = "eventbus.event.attempts"
 OUTBOX_AGE = "eventbus.outbox.oldest_pending_age"
-METRICS = (EVENTS, HANDLER_DURATION, END_TO_END, ATTEMPTS, OUTBOX_AGE)
+METRICS = (CONSUMED, PROCESS_DURATION, END_TO_END, ATTEMPTS, OUTBOX_AGE)
 """Metric names (Prometheus: dots become underscores, plus the unit and ``_total``)."""
 
+SYSTEM = "messaging.system"
+OPERATION = "messaging.operation.type"
+MESSAGE_ID = "messaging.message.id"
+ERROR_TYPE = "error.type"
 EVENT_TYPE = "eventbus.event_type"
 IDEMPOTENCY_KEY = "eventbus.idempotency_key"
 ATTEMPT = "eventbus.attempt"
 OUTCOME = "eventbus.outcome"
-ATTRIBUTES = (EVENT_TYPE, IDEMPOTENCY_KEY, ATTEMPT, OUTCOME)
-"""Span attributes of the ``message`` and ``publish`` spans."""
+ATTRIBUTES = (SYSTEM, OPERATION, MESSAGE_ID, ERROR_TYPE, EVENT_TYPE, IDEMPOTENCY_KEY, ATTEMPT,
+              OUTCOME)
+"""Attributes of the ``message`` and ``publish`` spans and of the metrics' points."""
+
+PUBSUB = "gcp_pubsub"
+"""The value of ``messaging.system``."""
 
 NAMES = frozenset(METRICS + ATTRIBUTES)

@@ -1,17 +1,13 @@
-"""OpenTelemetry providers and exporters chosen by ``Settings`` (the ``[telemetry]`` extra).
+"""OpenTelemetry providers, exporters, views and propagators chosen by ``Settings``.
 
-* ``EVENTBUS_TELEMETRY_EXPORTER``: ``cloudtrace`` (Cloud Trace, the
-  project's ``GOOGLE_CLOUD_PROJECT``), ``otlp`` (OTLP over HTTP, configured by
-  the standard ``OTEL_EXPORTER_OTLP_*`` variables), ``noop`` (spans made,
-  sampled and dropped: what the overhead bench measures) or ``none``;
-  batched, sampled on the trace id by ``EVENTBUS_TRACE_SAMPLE_RATIO``.
-* ``EVENTBUS_METRICS_EXPORTER``: ``prometheus`` (a registry of the
-  instance's own, served at ``/metrics``), ``otlp``, ``noop`` or ``none``.
-
-Each call builds new providers: nothing is set as OpenTelemetry's global
-provider. The pymongo and requests instrumentations are process-wide by
-nature (a pymongo command listener, a patched ``Session.send``): the first
-service that turns tracing on in a process installs them, with its provider.
+Spans go where ``EVENTBUS_TELEMETRY_EXPORTER`` says (``cloudtrace``, ``otlp``
+by the standard ``OTEL_EXPORTER_OTLP_*`` variables, ``noop``: made and
+dropped, what the bench measures), sampled by ``EVENTBUS_TRACE_SAMPLE_RATIO``;
+metrics where ``EVENTBUS_METRICS_EXPORTER`` says (``prometheus``: a registry
+of the instance's own, served at ``/metrics``; ``otlp``; ``noop``). Each
+call builds new providers: none is set as OpenTelemetry's global. The
+instrumentations are process-wide by nature: the first service that turns
+tracing on installs them. Public SDK API only (a test greps for private names).
 """
 
 from __future__ import annotations
@@ -21,23 +17,35 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
     MetricReader,
     MetricsData,
+    PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from eventbus.settings import Settings, SettingsError
-from eventbus.telemetry.metrics import LocalMetrics, PeriodicReader, prometheus_reader
+from eventbus.telemetry import names
 
 logger = logging.getLogger("eventbus.telemetry")
+
+BUCKETS = {
+    names.PROCESS_DURATION: (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                             2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+    names.END_TO_END: (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                       900.0, 3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0),
+    names.ATTEMPTS: (1, 2, 3, 4, 5, 10, 20, 50, 100),
+}
+"""Histogram bucket bounds, applied by one SDK ``View`` each."""
 
 
 class NoopSpanExporter(SpanExporter):
@@ -91,31 +99,28 @@ def resource(settings: Settings) -> Resource:
     return Resource.create({"service.name": settings.service})
 
 
-class CascadeSampler(ParentBased):
-    """Keep ``ratio`` of traces, decided on the trace id.
+def sampler(ratio: float) -> Sampler:
+    """Keep ``ratio`` of traces, decided on the trace id, so a cascade is kept or dropped whole.
 
     A local parent decides for its children; a remote parent (a push
     request's header, a parent message's ``traceparent``) that was not
     sampled does not stop us: the same trace id gives the same decision in
-    every message of a cascade, so a cascade is kept or dropped whole.
-    ``keeps`` is the same rule as a plain function, for the lean tracer.
+    every message of a cascade.
     """
-
-    def __init__(self, ratio: float) -> None:
-        by_trace_id = ALWAYS_ON if ratio >= 1 else TraceIdRatioBased(ratio)
-        super().__init__(root=by_trace_id, remote_parent_not_sampled=by_trace_id)
-        self.bound = TraceIdRatioBased.get_bound_for_rate(min(ratio, 1.0))
-
-    def keeps(self, parent: SpanContext, trace_id: int) -> bool:
-        """True when a span under ``parent`` (invalid: a root) of ``trace_id`` is sampled."""
-        if parent.is_valid and (parent.trace_flags.sampled or not parent.is_remote):
-            return parent.trace_flags.sampled
-        return (trace_id & TraceIdRatioBased.TRACE_ID_LIMIT) < self.bound
+    by_trace_id = ALWAYS_ON if ratio >= 1 else TraceIdRatioBased(ratio)
+    return ParentBased(root=by_trace_id, remote_parent_not_sampled=by_trace_id)
 
 
-def sampler(ratio: float) -> Sampler:
-    """The service's sampler (``CascadeSampler``)."""
-    return CascadeSampler(ratio)
+def message_propagator() -> TraceContextTextMapPropagator:
+    """W3C trace context: what a child message carries in its attributes."""
+    return TraceContextTextMapPropagator()
+
+
+def request_propagator() -> CompositePropagator:
+    """W3C, then Cloud Trace's ``X-Cloud-Trace-Context`` (what Cloud Run's front end sends)."""
+    from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
+
+    return CompositePropagator([CloudTraceFormatPropagator(), TraceContextTextMapPropagator()])
 
 
 def tracer_provider(settings: Settings) -> TracerProvider | None:
@@ -131,42 +136,50 @@ def tracer_provider(settings: Settings) -> TracerProvider | None:
     return provider
 
 
+def views() -> list[View]:
+    """One view per histogram: its bucket bounds."""
+    return [View(instrument_name=name,
+                 aggregation=ExplicitBucketHistogramAggregation([float(b) for b in bounds]))
+            for name, bounds in BUCKETS.items()]
+
+
 def meter_provider(settings: Settings,
-                   local: LocalMetrics) -> tuple[MeterProvider | None, Any]:
+                   reader: MetricReader | None = None) -> tuple[MeterProvider | None, Any]:
     """Return a new meter provider and, for ``prometheus``, the registry to serve.
 
-    Its reader adds ``local``'s histograms to every collection.
+    ``reader`` (tests: the SDK's ``InMemoryMetricReader``) replaces the configured one.
     """
     name = settings.metrics_exporter
-    if name == "none":
+    if name == "none" and reader is None:
         return None, None
     registry = None
-    reader: MetricReader
-    if name == "prometheus":
-        from prometheus_client import CollectorRegistry
-
-        registry = CollectorRegistry(auto_describe=True)
-        reader = prometheus_reader(local, registry)
-    elif name in ("otlp", "noop"):
-        reader = PeriodicReader(local, _metric_exporter(name),
-                                export_interval_millis=settings.metrics_interval_seconds * 1000)
-    else:
-        raise SettingsError(f"unknown metrics exporter {name!r}")
+    if reader is None:
+        reader, registry = _reader(name, settings)
     # No exemplars: offering one per measurement costs more than the measurement itself.
-    return MeterProvider(metric_readers=[reader], resource=resource(settings),
+    return MeterProvider(metric_readers=[reader], resource=resource(settings), views=views(),
                          exemplar_filter=AlwaysOffExemplarFilter()), registry
 
 
-def _metric_exporter(name: str) -> MetricExporter:
-    if name == "noop":
-        return NoopMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+def _reader(name: str, settings: Settings) -> tuple[MetricReader, Any]:
+    if name == "prometheus":
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry
 
-    return OTLPMetricExporter()
+        registry = CollectorRegistry(auto_describe=True)
+        return PrometheusMetricReader(registry=registry), registry
+    if name not in ("otlp", "noop"):
+        raise SettingsError(f"unknown metrics exporter {name!r}")
+    exporter: MetricExporter = NoopMetricExporter()
+    if name == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        exporter = OTLPMetricExporter()
+    return PeriodicExportingMetricReader(
+        exporter, export_interval_millis=settings.metrics_interval_seconds * 1000), None
 
 
 def instrument_libraries(provider: trace.TracerProvider,
-                         libraries: Sequence[str] = ("pymongo", "requests")) -> list[Any]:
+                         libraries: Sequence[str] = ("requests",)) -> list[Any]:
     """Install the instrumentations of ``libraries`` with ``provider``, once per process.
 
     Returns the instrumentors this call installed (for ``shutdown``); an

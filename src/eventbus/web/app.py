@@ -5,7 +5,7 @@ authenticator and the inline outbox relay into one ``PushService``. The
 application owns its router; nothing is global. Tests pass their own
 store (``MemoryEventStore``), clock, publisher and ``after_success`` hook.
 
-Telemetry is the service's too: ``Telemetry.from_settings`` (traces and
+Telemetry is the service's too: ``eventbus.telemetry.from_settings`` (traces and
 metrics off by default), or what the caller passes; the processor and the
 inline relay share it, and with ``EVENTBUS_METRICS_EXPORTER=prometheus``
 the app serves its metrics at ``/metrics``.
@@ -24,11 +24,12 @@ from eventbus.model.errors import Classifier
 from eventbus.model.router import Router
 from eventbus.outbox.relay import Relay
 from eventbus.processor import AfterSuccess, Clock, Processor
-from eventbus.pubsub.auth import Authenticator
 from eventbus.pubsub.message import MessagePublisher
+from eventbus.pubsub.push_auth import Authenticator
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.telemetry import Telemetry
+from eventbus.telemetry import from_settings as telemetry_from_settings
 from eventbus.web import logs
 from eventbus.web.service import PushService
 
@@ -70,7 +71,7 @@ def build_service(router: Router, settings: Settings, store: EventStore | None =
     is off. Telemetry is built before the store, so the store's client is
     instrumented when tracing is on.
     """
-    telemetry = telemetry or Telemetry.from_settings(settings, now=now)
+    telemetry = telemetry or telemetry_from_settings(settings, now=now)
     store = store if store is not None else default_store(settings)
     now = now or utcnow
     if after_success is None and settings.relay_inline:

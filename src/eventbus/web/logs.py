@@ -4,7 +4,7 @@ Cloud Run and Cloud Functions parse JSON lines on stdout into structured
 entries, so ``severity`` sets the level and every other key is searchable.
 
 Every line written inside a telemetry scope (a push request, a message, a
-relayed child: ``eventbus.telemetry.context``) also carries Cloud Logging's
+relayed child: ``eventbus.correlation.tracecontext``) also carries Cloud Logging's
 ``logging.googleapis.com/trace`` (``projects/<project>/traces/<trace id>``),
 ``.../spanId`` and ``.../trace_sampled``, and the scope's ``requestId``, so
 Cloud Logging shows a request's lines (and a cascade's) together and next
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from eventbus.telemetry import context
+from eventbus.correlation import tracecontext
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 _SEVERITY = {"WARN": "WARNING", "FATAL": "CRITICAL"}
@@ -52,13 +52,13 @@ class JsonFormatter(logging.Formatter):
     def _correlate(self, entry: dict[str, Any]) -> None:
         """Add the current scope's trace and request id, unless the line has its own."""
         if TRACE not in entry:
-            trace = context.current_trace()
+            trace = tracecontext.current_trace()
             if trace is not None:
                 entry[TRACE] = trace.cloud_trace(self.project)
                 entry[SPAN_ID] = trace.span_id
                 entry[TRACE_SAMPLED] = trace.sampled
         if not entry.get("requestId"):
-            request_id = context.current_request_id()
+            request_id = tracecontext.current_request_id()
             if request_id:
                 entry["requestId"] = request_id
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import flask
 
+from eventbus.correlation import tracecontext
+from eventbus.correlation.outbound import http_request
 from eventbus.model.errors import PayloadTooLarge, RequestError, StoreUnavailable
 from eventbus.processor import Processor, Result
-from eventbus.pubsub.auth import Authenticator
 from eventbus.pubsub.envelope import parse_delivery
+from eventbus.pubsub.push_auth import Authenticator
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
-from eventbus.telemetry import context
-from eventbus.telemetry.outbound import http_request
+from eventbus.web import http_status as status_table
 from eventbus.web import logs
-from eventbus.web import status as status_table
 
 logger = logging.getLogger("eventbus")
 
@@ -44,8 +44,9 @@ class PushService:
         request id and the trace (the push's, then the message's once known).
         """
         request_id = _request_id(request)
-        trace = context.from_headers(request.headers) or context.new_trace()
-        with context.scope(trace, request_id):
+        trace = (self.processor.telemetry.extract(request.headers)
+                 or tracecontext.from_headers(request.headers) or tracecontext.new_trace())
+        with tracecontext.scope(trace, request_id):
             return self._handle(request, request_id)
 
     def _handle(self, request: flask.Request, request_id: str) -> flask.Response:

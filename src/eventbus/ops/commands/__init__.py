@@ -3,7 +3,9 @@
 * ``common``: the tools every command gets, the filter options, output;
 * ``queries``: ``failed``, ``history``, ``show``, ``stats``, ``retries``;
 * ``repair``: ``replay``, ``dlq drain``;
-* ``console``: ``console``, the web console on 127.0.0.1.
+* ``console``: ``console``, the web console on 127.0.0.1;
+* ``sweepers``: ``redrive`` (the sweeper and its loop are workers':
+  ``eventbus.workers.redrive``, ``eventbus.workers.sweeper``).
 
 Each module's ``add(commands)`` registers its sub-commands; each command is
 ``run(args, tools) -> exit status``.

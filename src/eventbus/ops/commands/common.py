@@ -13,12 +13,12 @@ from typing import Any, TextIO
 
 from eventbus.model.delivery import Delivery
 from eventbus.ops.config import OpsSettings
-from eventbus.ops.operations import failed_query
 from eventbus.ops.render import to_json
 from eventbus.ops.replay import routerless
+from eventbus.ops.reports import failed_query
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
-from eventbus.store.operations import EventQuery
+from eventbus.store.operator_queries import EventQuery
 
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

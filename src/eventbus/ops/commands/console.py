@@ -1,6 +1,6 @@
 """``eventbus console [--port N] [--host H] [--read-only]``: the web console.
 
-``EVENTBUS_CONSOLE_AUTH`` decides who gets in (``eventbus.web.console.auth``):
+``EVENTBUS_CONSOLE_AUTH`` decides who gets in (``eventbus.web.console.access``):
 
 * ``local`` (default): the console binds 127.0.0.1 only and needs a token: the
   one in ``EVENTBUS_CONSOLE_TOKEN`` (``make run`` writes one to ``.env``,

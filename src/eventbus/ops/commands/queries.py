@@ -19,7 +19,8 @@ from eventbus.ops.commands.common import (
     query_of,
     since,
 )
-from eventbus.ops.operations import (
+from eventbus.ops.render import duration, moment, safe, table, to_json
+from eventbus.ops.reports import (
     EventView,
     FailedReport,
     Stats,
@@ -31,7 +32,6 @@ from eventbus.ops.operations import (
     stats,
     status_label,
 )
-from eventbus.ops.render import duration, moment, safe, table, to_json
 from eventbus.store.base import Record
 
 

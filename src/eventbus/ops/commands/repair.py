@@ -1,4 +1,4 @@
-"""The repairing operator commands: ``replay`` and ``dlq drain``."""
+"""The repairing operator commands: ``replay``, and ``dlq drain`` (``workers.deadletter``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eventbus.ops import correct, dlq, jsonfile
+from eventbus.ops import correct, jsonfile
 from eventbus.ops.commands.common import (
     Tools,
     UsageError,
@@ -19,10 +19,11 @@ from eventbus.ops.commands.common import (
     query_of,
     rate,
 )
-from eventbus.ops.operations import failed_groups, find_group, status_label
 from eventbus.ops.render import safe, table
 from eventbus.ops.replay import RateLimit, Replayer, ReplayResult, fetch, replayable
+from eventbus.ops.reports import failed_groups, find_group, status_label
 from eventbus.store.base import Record
+from eventbus.workers import deadletter
 
 
 def add(commands: Any) -> None:
@@ -177,11 +178,12 @@ def cmd_drain(args: argparse.Namespace, tools: Tools) -> int:
     name = args.subscription or tools.ops.dead_letter_subscription
     store = tools.store()
     locate = locator(args.app or tools.ops.app, store)
-    source = dlq.PubSubDeadLetters(tools.settings.project_id, name)
+    source = deadletter.PubSubDeadLetters(tools.settings.project_id, name)
     try:
-        report = dlq.drain(store, source, locate, tools.now, batch=args.batch, limit=args.max,
-                           progress=lambda r: print(f"dlq: {r.pulled} pulled, {r.acked} acked",
-                                                    file=tools.err, flush=True))
+        report = deadletter.drain(
+            store, source, locate, tools.now, batch=args.batch, limit=args.max,
+            progress=lambda r: print(f"dlq: {r.pulled} pulled, {r.acked} acked",
+                                     file=tools.err, flush=True))
     finally:
         source.close()
     text = (f"drained {source.subscription}: {report.pulled} pulled, {report.stored} stored "

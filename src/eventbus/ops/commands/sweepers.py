@@ -1,18 +1,19 @@
-"""``eventbus redrive [--once]``: the store-driven redrive sweeper (``eventbus.ops.redrive``).
+"""``eventbus redrive [--once]``: the store-driven redrive sweeper (``eventbus.workers.redrive``).
 
 Runs next to the outbox sweeper (``eventbus relay``): as a loop locally, as a
-scheduled Cloud Run job (``--once``) in production.
+scheduled Cloud Run job (``--once``) in production. The loop and its report
+are the worker's (``eventbus.workers.sweeper``); this module only parses the
+command and builds the sweeper.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
-from eventbus.model.errors import EventBusError
 from eventbus.ops.commands.common import Tools, locator, positive
-from eventbus.ops.redrive import Redriver
+from eventbus.workers.redrive import Redriver
+from eventbus.workers.sweeper import redrive_pass, repeat
 
 
 def add(commands: Any) -> None:
@@ -32,20 +33,6 @@ def cmd_redrive(args: argparse.Namespace, tools: Tools) -> int:
     store = tools.store()
     redriver = Redriver(store, tools.publisher(), tools.settings, now=tools.now,
                         locate=locator(args.app or tools.ops.app, store))
-    while True:
-        code = sweep_once(redriver, args.limit, tools, verbose=args.once)
-        if args.once:
-            return code
-        time.sleep(args.interval)
-
-
-def sweep_once(redriver: Redriver, limit: int, tools: Tools, *, verbose: bool) -> int:
-    """Run one pass and report it; 1 when some could not be published."""
-    try:
-        report = redriver.sweep(limit)
-    except EventBusError as exc:  # the store is down: the next pass retries
-        print(f"eventbus redrive: {exc}", file=tools.err)
-        return 1
-    if verbose or report.republished or report.abandoned or report.failed:
-        print(f"eventbus redrive: {report}", file=tools.out, flush=True)
-    return 1 if report.failed else 0
+    return repeat(lambda: redrive_pass(redriver, args.limit, verbose=args.once, out=tools.out,
+                                       err=tools.err),
+                  once=args.once, interval=args.interval)

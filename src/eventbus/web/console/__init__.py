@@ -13,7 +13,7 @@ from the package; every stored value goes through Jinja's autoescaping.
 
 The console is the web face of ``eventbus.ops``: it is the one part of the
 web layer that imports the operator logic it shares with the commands
-(``eventbus.ops.operations``, ``replay``); ``eventbus.ops`` imports this
+(``eventbus.ops.reports``, ``replay``); ``eventbus.ops`` imports this
 package only when ``eventbus console`` runs.
 """
 
@@ -30,7 +30,7 @@ import flask
 from eventbus.ops.replay import Locator, routerless
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings, SettingsError
-from eventbus.web.console.auth import CertsFetcher
+from eventbus.web.console.access import CertsFetcher
 
 AUTH_MODES = ("local", "iap", "oidc")
 
@@ -130,7 +130,7 @@ def _console(store: Any, config: ConsoleConfig, settings: Settings | None,
 
 
 def _verifier(config: ConsoleConfig) -> Any:
-    from eventbus.web.console.auth import IapVerifier, OidcVerifier
+    from eventbus.web.console.access import IapVerifier, OidcVerifier
 
     if config.auth == "iap":
         return IapVerifier(config.audience, config.operators, config.certs)

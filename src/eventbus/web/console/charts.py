@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from eventbus.ops.operations import Attempt, Bucket
 from eventbus.ops.render import duration
+from eventbus.ops.reports import Attempt, Bucket
 
 WIDTH, HEIGHT, PAD = 720, 200, 30
 

@@ -1,4 +1,4 @@
-"""The console's pages: a Flask blueprint over ``eventbus.ops.operations`` and ``replay``."""
+"""The console's pages: a Flask blueprint over ``eventbus.ops.reports`` and ``replay``."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import flask
 from eventbus.model.errors import Forbidden, InvalidEvent, PublishError, Unauthenticated
 from eventbus.model.event import json_object
 from eventbus.ops import correct
-from eventbus.ops import operations as ops
+from eventbus.ops import reports as ops
 from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import RateLimit, Replayer, ReplayResult, fetch, replayable
 from eventbus.web.console import Console, charts
-from eventbus.web.console.auth import (
+from eventbus.web.console.access import (
     COOKIE,
     IAP_HEADER,
     csrf_token,

@@ -3,7 +3,7 @@
 Seed 004 ("Centrally monitor your requests status") logs every incoming and
 outgoing request with the same fields; the inbound line is written by
 ``eventbus.web.service``, the outbound ones here, for each partner call
-(``eventbus.telemetry.http``) and each publish (``eventbus.pubsub.publisher``,
+(``eventbus.correlation.session``) and each publish (``eventbus.pubsub.publisher``,
 so the relay, the console script and ``publish()`` alike). A line has:
 
 * seed 004's fields: ``logType``, ``service`` (added by the formatter),
@@ -15,7 +15,7 @@ so the relay, the console script and ``publish()`` alike). A line has:
   ``logging.googleapis.com/trace``, so the call shows under the request or
   message that made it.
 
-Pure: the standard library and ``eventbus.telemetry.context`` only.
+Pure: the standard library and ``eventbus.correlation.tracecontext`` only.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from eventbus.telemetry import context
+from eventbus.correlation import tracecontext
 
 OUTBOUND = "REQUEST_OUTBOUND"
 INBOUND = "REQUEST_INBOUND"
@@ -83,7 +83,7 @@ def write(method: str, host: str, path: str, *, target: str, seconds: float,
     """Write one ``REQUEST_OUTBOUND`` line (WARNING when it failed or answered >= 400)."""
     fields: dict[str, Any] = {
         "logType": OUTBOUND, "kind": kind, "method": method, "host": host, "path": path,
-        "target": target, "requestId": context.current_request_id(),
+        "target": target, "requestId": tracecontext.current_request_id(),
         "duration": round(seconds * 1000, 2),
         "httpRequest": http_request(method, target, status, seconds),
     }

@@ -11,6 +11,10 @@ is counted and the next one backs off (doubling, capped); after
 ``EVENTBUS_REDRIVE_MAX`` redrives the event is given up for good, and the
 attempt cap applies as always. Republishing is at least once: the claim
 deduplicates a message that comes twice.
+
+The message is rebuilt from the record as a replay rebuilds it
+(``eventbus.workers.rebuild``); ``eventbus redrive`` runs the sweeps
+(``eventbus.workers.sweeper``).
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from typing import Any
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import PublishError
 from eventbus.model.status import Status
-from eventbus.ops.replay import NotReplayable, build
 from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
+from eventbus.workers.rebuild import NotReplayable, build
 
 logger = logging.getLogger("eventbus.redrive")
 

@@ -6,7 +6,7 @@
   cookie, and every later request needs that cookie.
 * ``iap``: behind Identity-Aware Proxy, the ``x-goog-iap-jwt-assertion``
   header, signed by IAP (ES256), checked for its audience and issuer.
-* ``oidc``: an ``Authorization: Bearer`` Google ID token (``eventbus.pubsub.auth``).
+* ``oidc``: an ``Authorization: Bearer`` Google ID token (``eventbus.pubsub.push_auth``).
 
 In both signed modes the token's e-mail must be on the operators'
 allow-list, which may not be empty (fail closed). Replays are POSTs that
@@ -27,7 +27,7 @@ from google.auth import exceptions as google_exceptions
 from google.auth import jwt
 
 from eventbus.model.errors import Forbidden, Unauthenticated
-from eventbus.pubsub.auth import Authenticator, fetch_certs
+from eventbus.pubsub.push_auth import Authenticator, fetch_certs
 
 IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
 IAP_ISSUER = "https://cloud.google.com/iap"

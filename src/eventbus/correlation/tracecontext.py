@@ -1,7 +1,7 @@
 """Trace context: W3C ``traceparent``, Google's ``X-Cloud-Trace-Context``, and the current scope.
 
 Pure (the standard library only), so the log formatter, the publisher and
-the relay can use it with tracing off and without OpenTelemetry installed.
+the relay can use it with telemetry off and without OpenTelemetry installed.
 
 * ``TraceContext`` is one W3C trace context (trace id, span id, sampled,
   ``tracestate``), parsed strictly from text someone else wrote: anything
@@ -22,8 +22,8 @@ import dataclasses
 import random
 import re
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -134,6 +134,28 @@ def from_headers(headers: Headers) -> TraceContext | None:
 def from_attributes(attributes: Mapping[str, str]) -> TraceContext | None:
     """Return the trace context a message carries in its attributes, or None."""
     return parse_traceparent(attributes.get(TRACEPARENT), attributes.get(TRACESTATE, ""))
+
+
+def message_trace(attributes: Mapping[str, str]) -> TraceContext:
+    """Return the trace a message runs under: its attributes', else the request's, else new."""
+    return from_attributes(attributes) or current_trace() or new_trace()
+
+
+Document = TypeVar("Document", bound=MutableMapping[str, Any])
+
+
+def stamp(outbox: Sequence[Document], carried: Mapping[str, str] | None = None) -> list[Document]:
+    """Add ``carried`` (default: the current trace's attributes) to each outbox entry.
+
+    Stored with the entry, it is what the relay publishes with the child,
+    inline or from the sweeper much later, so the child joins the trace.
+    """
+    if carried is None:
+        trace = current_trace()
+        carried = trace.attributes() if trace is not None else {}
+    for entry in outbox:
+        entry.update(carried)
+    return list(outbox)
 
 
 def carried(attributes: Mapping[str, str]) -> dict[str, str]:

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import BaseAdapter
 
-from eventbus.telemetry import context
-from eventbus.telemetry.outbound import outbound_call
+from eventbus.correlation import tracecontext
+from eventbus.correlation.outbound import outbound_call
 
 REQUEST_ID_HEADER = "X-Request-Id"
 KEY_HEADER = "Idempotency-Key"
@@ -41,7 +41,7 @@ class LoggingAdapter(BaseAdapter):
         """Send ``request`` through the wrapped adapter, timed and logged once."""
         url = request.url or ""
         parts = urlsplit(url)
-        request_id = context.current_request_id()
+        request_id = tracecontext.current_request_id()
         if request_id and REQUEST_ID_HEADER not in request.headers:
             request.headers[REQUEST_ID_HEADER] = request_id
         with outbound_call(request.method or "GET", parts.netloc, parts.path or "/",

@@ -1,7 +1,7 @@
 """What an operator asks of the stored events, shared by the ``eventbus`` commands and the console.
 
 Seed 002's queries and a little arithmetic over them, through the store's
-operator primitives (``eventbus.store.operations``) only:
+operator primitives (``eventbus.store.operator_queries``) only:
 
 * ``failed_groups``: "Failed Events for Retry", grouped by cause (same event
   type, same error type and normalised message: one group, with an id that
@@ -30,7 +30,7 @@ from eventbus.model.status import Status
 from eventbus.ops import cascade
 from eventbus.ops.render import from_epoch_ms, safe
 from eventbus.store.base import Record
-from eventbus.store.operations import EventQuery
+from eventbus.store.operator_queries import EventQuery
 
 FAILED = Status.FAILED.value
 # The most FAILED records one grouping reads; more are reported as truncated.

@@ -1,0 +1,47 @@
+"""The MongoDB store's error rule, shared by the store and its mixins.
+
+Every pymongo failure becomes ``StoreUnavailable`` (retried: Pub/Sub redelivers),
+except content the server or the driver refuses, which becomes
+``ContentRejected`` (never retried: the same content fails the same way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from bson.errors import InvalidDocument, InvalidStringData
+from pymongo.errors import OperationFailure, PyMongoError
+
+from eventbus.model.errors import ContentRejected, StoreUnavailable
+from eventbus.store import documents
+
+
+@contextlib.contextmanager
+def unavailable(action: str, key: str = "") -> Iterator[None]:
+    """Turn a refusal of the content into ``ContentRejected``, other failures ``StoreUnavailable``.
+
+    The first is never retried (the same content fails the same way); the
+    processor's own checks (``eventbus.model.content``) catch nearly all of
+    it before, this is the backstop for what a particular server refuses.
+    """
+    try:
+        yield
+    except _CONTENT_ERRORS as exc:
+        raise ContentRejected(f"{action}: the store refused the content: "
+                              f"{type(exc).__name__}") from exc
+    except OperationFailure as exc:
+        if exc.code in CONTENT_ERROR_CODES:
+            raise ContentRejected(f"{action}: the store refused the content: "
+                                  f"code {exc.code}") from exc
+        raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
+    except PyMongoError as exc:
+        raise StoreUnavailable(f"{action} {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+# What the driver raises for content it cannot encode: too large, bad keys or
+# text, integers past 64 bits, nesting beyond the encoder's recursion.
+_CONTENT_ERRORS = (InvalidDocument, InvalidStringData, OverflowError, UnicodeEncodeError,
+                   RecursionError)
+CONTENT_ERROR_CODES = documents.CONTENT_ERROR_CODES
+"""Server error codes that mean "this content cannot be stored" (``documents.refuses_content``)."""
