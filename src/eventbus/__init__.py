@@ -27,6 +27,9 @@ The layers, each a package that says what it may import:
 * ``eventbus.store``     storage, the only layer that talks to the collections:
                          protocol, documents, MongoDB, in-memory;
 * ``eventbus.processor`` the state machine: prepare once, claim, run, finish;
+* ``eventbus.correlation`` trace context and request ids on every log line and
+                         outbound call (the standard library only);
+* ``eventbus.telemetry`` spans and metrics on OpenTelemetry's SDK (off: no-ops);
 * ``eventbus.outbox``    children: the relay and its sweeper;
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
 * ``eventbus.deadline``  outbound HTTP calls that end within a total deadline;

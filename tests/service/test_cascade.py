@@ -269,3 +269,40 @@ def test_a_cancelled_subscription_notifies_the_partner_through_the_same_cascade(
     assert call.key == child_key(root, NOTIFY, 0)
     assert call.body["kind"] == "subscription-cancelled" and call.body["entity_type"] == "Sub"
     assert c.h.db.partner_notifications.count_documents({}) == 1
+
+
+def test_a_child_is_serialised_once_from_emit_to_its_published_message(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's JSON is made when it is emitted; its hash and its published data reuse it."""
+    import json as json_module
+
+    from eventbus.model import context as context_module
+    from eventbus.model import keys
+    from eventbus.model.delivery import Delivery
+    from eventbus.outbox import relay as relay_module
+    from eventbus.pubsub.message import build_event, build_message
+    from eventbus.testing import LocalBus
+
+    made: list[str] = []
+
+    def counting(value: object) -> str:
+        if isinstance(value, dict) and value.get("event_type") == "CHILD":
+            made.append("CHILD")
+        return keys.canonical_json(value)
+
+    for module in (context_module, relay_module):
+        monkeypatch.setattr(module, "canonical_json", counting)
+    monkeypatch.setattr(keys, "fingerprint_document", lambda document: (
+        made.append("CHILD") if document.get("event_type") == "CHILD" else None)
+        or keys.fingerprint_text(keys.canonical_json(document)))
+    routes = Router()
+    routes.handler("PARENT")(lambda context: context.emit("CHILD", {"n": [1, 2]}))
+    routes.handler("CHILD", internal=True)(lambda context: None)
+    bus = LocalBus(routes)
+    entity = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
+    body, attributes = build_message(build_event("PARENT", {}, entity=entity))
+    bus.processor.process(Delivery(data=body, attributes=attributes, message_id="m-1"))
+    (child,) = [message for message in bus.publisher.take()
+                if message.attributes.get("event_type") == "CHILD"]
+    assert json_module.loads(child.data)["entity_data"] == {"n": [1, 2]}
+    assert made == ["CHILD"]

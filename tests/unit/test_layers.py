@@ -271,3 +271,25 @@ def test_no_module_name_is_used_twice() -> None:
         if path.name not in ("__init__.py", "__main__.py"):
             names.setdefault(path.stem, []).append(relative(path))
     assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
+
+
+def test_the_package_map_names_every_package_and_top_level_module() -> None:
+    import eventbus
+
+    doc = eventbus.__doc__ or ""
+    parts = {path.parent.name for path in (SRC / "eventbus").glob("*/__init__.py")}
+    parts |= {path.stem for path in (SRC / "eventbus").glob("*.py")
+              if path.stem not in ("__init__", "__main__")}
+    assert sorted(name for name in parts if f"``eventbus.{name}``" not in doc) == []
+
+
+def test_the_app_uses_no_cli_internals() -> None:
+    app = Path(__file__).resolve().parents[2] / "handlers"
+    found = []
+    for path in app.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {name}" for name in names
+                      if under(name, "eventbus.ops.cli", "eventbus.ops.commands")]
+    assert found == []

@@ -29,7 +29,7 @@ from eventbus.store.memory_ops import MemoryOperatorMixin
 
 
 def _keep_rejection(record: Record) -> None:
-    """Move the refusal of a rejected record into ``rejections`` (``eventbus.store.documents.claims``)."""
+    """Move the refusal of a rejected record into ``rejections`` (as ``documents.claims`` does)."""
     refused = {name: copy.deepcopy(record[name]) for name in documents.REJECTION_FIELDS
                if name in record}
     record["rejections"] = [*record.get("rejections", []), refused]
