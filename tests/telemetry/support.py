@@ -59,11 +59,11 @@ class Recorded:
 
 
 def recorded(clock: FakeClock | None = None, *, tracing: bool = True,
-             metering: bool = True) -> Recorded:
+             metering: bool = True, ratio: float = 1.0) -> Recorded:
     spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
     tracer_provider = None
     if tracing:
-        tracer_provider = TracerProvider(sampler=sampler(1.0))
+        tracer_provider = TracerProvider(sampler=sampler(ratio))
         tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     meter_provider = MeterProvider(metric_readers=[reader], views=views()) if metering else None
     telemetry = OtelTelemetry(tracer_provider=tracer_provider, meter_provider=meter_provider,

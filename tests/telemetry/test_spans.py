@@ -16,6 +16,7 @@ from eventbus import Router
 from eventbus.model.delivery import Delivery
 from eventbus.processor import Processor
 from eventbus.settings import Settings
+from eventbus.store.memory import MemoryEventStore
 from eventbus.telemetry import providers
 from eventbus.testing import FakeClock
 from tests.telemetry.support import parent_of, recorded
@@ -77,6 +78,7 @@ def test_claim_and_finish_stand_for_their_round_trip_and_handler_commands_get_py
     rec = recorded(clock)
     assert rec.telemetry.tracer_provider is not None
     installed = providers.instrument_libraries(rec.telemetry.tracer_provider, ("pymongo",))
+    rec.telemetry.suppress_store = True  # what from_settings sets when it instruments pymongo
     store = MongoEventStore.from_settings(Settings(mongodb_uri=mongo_uri,
                                                    mongodb_db="telemetry_spans_test"))
     try:
@@ -105,3 +107,23 @@ def test_claim_and_finish_stand_for_their_round_trip_and_handler_commands_get_py
     assert mongo.name.endswith(".insert")
     for step in (claim, finish):  # each is the store's one round trip
         assert step.attributes is not None and step.attributes["db.system.name"] == "mongodb"
+
+
+def test_a_message_the_sampler_drops_makes_no_child_spans_and_still_counts() -> None:
+    rec = recorded(FakeClock(), ratio=0.3)
+    routes = Router()
+    routes.handler("OK")(lambda context: None)
+    processor = Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
+                          telemetry=rec.telemetry)
+    for number in range(60):
+        document = {"event_type": "OK", "event_version": "v1",
+                    "entity_metadata": {"partnerId": "p", "entity_id": f"e-{number}",
+                                        "entity_type": "T"}, "entity_data": {}}
+        processor.process(Delivery(data=json.dumps(document).encode(), attributes={},
+                                   message_id=f"m-{number}"))
+    kept = rec.named("message OK")
+    assert 0 < len(kept) < 60
+    for name in ("claim", "handler", "finish"):  # only under the kept messages
+        assert {parent_of(span) for span in rec.named(name)} == {
+            span.context.span_id for span in kept}
+    assert rec.outcomes() == {"processed": 60}

@@ -6,11 +6,9 @@
 * ``providers``: providers, exporters, views and propagators from ``Settings``;
 * ``names``: the metric and attribute names it exports.
 
-May import: ``eventbus.settings``, ``eventbus.correlation`` (and
-``eventbus.model``, ``eventbus.store.base`` for types only). OpenTelemetry
-is imported only by ``otel`` and ``providers``, which load only when an
-exporter is configured: the library runs with telemetry off where
-OpenTelemetry is not installed.
+May import: ``eventbus.settings``, ``eventbus.correlation`` (``eventbus.model``,
+``eventbus.store.base`` for types). OpenTelemetry is imported by ``otel`` and
+``providers`` only, loaded when an exporter is set: off, it needs no OpenTelemetry.
 """
 
 from __future__ import annotations

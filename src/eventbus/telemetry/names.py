@@ -1,10 +1,8 @@
 """The names the service's telemetry exports: metrics, span and metric attributes.
 
-OpenTelemetry's messaging conventions name what they cover (messages
-consumed, the processing time, the messaging system, the message id, the
-error type); the rest, which the conventions have no name for (event type,
-outcome, end-to-end latency, attempts, the outbox), carries the ``eventbus.``
-prefix. ``NAMES`` lists them (the docs test accepts them).
+OpenTelemetry's messaging conventions name what they cover (messages consumed,
+processing time, system, message id, error type); what they do not name carries
+the ``eventbus.`` prefix. ``NAMES`` lists them (the docs test accepts them).
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
-from opentelemetry.metrics import CallbackOptions
 from opentelemetry.metrics import Observation as Measurement
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
@@ -62,6 +61,7 @@ _NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
 _MESSAGE: contextvars.ContextVar[_Message | None] = contextvars.ContextVar(
     "eventbus_message", default=None)
 _CONSUMED = {names.SYSTEM: names.PUBSUB}
+_REQUEST_HEADERS = ("traceparent", "tracestate", "x-cloud-trace-context")
 
 
 def text(value: object, limit: int = 256) -> str:
@@ -83,12 +83,14 @@ class Instruments:
 class _Message(Observation):
     """One delivery being processed: its span, and what the metrics need at the end."""
 
-    __slots__ = ("delivery", "event_type", "handler_span", "replayed", "span", "telemetry")
+    __slots__ = ("delivery", "event_type", "handler_span", "recording", "replayed", "span",
+                 "telemetry")
 
     def __init__(self, telemetry: OtelTelemetry, delivery: Delivery, span: Span | None) -> None:
         self.telemetry, self.delivery, self.span = telemetry, delivery, span
         self.event_type, self.replayed = "", False
         self.handler_span: Span | None = None
+        self.recording = span is not None and span.is_recording()
 
     def done(self, result: R) -> R:
         """Record the outcome on the span and the counters; return ``result``."""
@@ -139,7 +141,8 @@ class OtelTelemetry(Telemetry):
         self.registry, self.instrumentors = registry, list(instrumentors)
         self.messages = providers.message_propagator()
         self.requests = providers.request_propagator() if self.tracing else None
-        self._stores: list[Any] = []
+        self.suppress_store = False
+        """True when pymongo is instrumented: ``claim`` and ``finish`` then suppress its spans."""
 
     @classmethod
     def from_settings(cls, settings: Settings, *, now: Clock | None = None,
@@ -151,6 +154,7 @@ class OtelTelemetry(Telemetry):
         if instrument and built.tracer_provider is not None:
             built.instrumentors = providers.instrument_libraries(built.tracer_provider,
                                                                  settings.trace_libraries)
+            built.suppress_store = "pymongo" in settings.trace_libraries
         return built
 
     # -- one message ----------------------------------------------------------------
@@ -164,7 +168,7 @@ class OtelTelemetry(Telemetry):
         assert self.tracer is not None
         request = tracecontext.current_trace()
         request_span = (None if request is None or request.local  # made up for log lines
-                        else self._remote(request.attributes()))
+                        else span_context(request))
         carried = self._remote(delivery.attributes)
         parent = carried or request_span
         links = ([Link(request_span)] if request_span is not None and carried is not None
@@ -183,12 +187,19 @@ class OtelTelemetry(Telemetry):
         message = _MESSAGE.get()
         if message is not None:
             message.event_type = text(event_type, 128)
-        return _NOTHING if self.tracer is None else _Step(self.tracer, "claim", store=True)
+        return self._step("claim", store=True)
+
+    def _step(self, name: str, store: bool = False,
+              errors: bool = False) -> contextlib.AbstractContextManager[Any]:
+        # A message the sampler dropped makes no child spans: they would be dropped too.
+        message = _MESSAGE.get()
+        if self.tracer is None or (message is not None and not message.recording):
+            return _NOTHING
+        return _Step(self.tracer, name, errors=errors, store=store and self.suppress_store)
 
     def claimed(self, claim: Claim) -> None:
         """Note a replay audit on the record the claim took."""
-        message = _MESSAGE.get()
-        if message is not None and claim.previous and claim.previous.get("replays"):
+        if (message := _MESSAGE.get()) is not None and (claim.previous or {}).get("replays"):
             message.replayed = True
 
     def handler(self, event_type: str) -> contextlib.AbstractContextManager[Any]:
@@ -197,16 +208,13 @@ class OtelTelemetry(Telemetry):
 
     def span(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """A child span of the message (``finish``, ``relay``), current for its block."""
-        if self.tracer is None:
-            return _NOTHING
-        return _Step(self.tracer, name, store=name == "finish")
+        return self._step(name, store=name == "finish")
 
     def emitting(self) -> dict[str, str] | None:
         """The handler span's context (where the children were emitted), as attributes."""
         message = _MESSAGE.get()
-        if message is None or message.handler_span is None:
-            return None
-        return self._inject(message.handler_span)
+        span = None if message is None else message.handler_span or message.span
+        return None if span is None else self._inject(span)
 
     def _inject(self, span: Span) -> dict[str, str]:
         carrier: dict[str, str] = {}
@@ -215,9 +223,10 @@ class OtelTelemetry(Telemetry):
 
     def extract(self, headers: Any) -> tracecontext.TraceContext | None:
         """The push request's context, by the W3C and Cloud Trace propagators."""
-        if self.requests is None:
+        carrier = {name: value for name in _REQUEST_HEADERS if (value := headers.get(name))}
+        if self.requests is None or not carrier:
             return None
-        found = trace.get_current_span(self.requests.extract(headers)).get_span_context()
+        found = trace.get_current_span(self.requests.extract(carrier)).get_span_context()
         return trace_of(found) if found.is_valid else None
 
     # -- the relay ----------------------------------------------------------------------
@@ -244,26 +253,20 @@ class OtelTelemetry(Telemetry):
 
     # -- the service ------------------------------------------------------------------
     def watch_outbox(self, store: Any) -> None:
-        """Observe the age of the oldest pending outbox entry of ``store``."""
-        if self.meter is None or not hasattr(store, "oldest_pending_outbox"):
-            return
-        if not self._stores:
+        """Observe the age of the oldest pending outbox entry of ``store`` (one per service)."""
+        if self.meter is not None and hasattr(store, "oldest_pending_outbox"):
             self.meter.create_observable_gauge(
-                names.OUTBOX_AGE, callbacks=[self._outbox_age], unit="s",
+                names.OUTBOX_AGE, callbacks=[lambda options: self._outbox_age(store)], unit="s",
                 description="Age of the oldest PENDING outbox entry (0 when none)")
-        self._stores.append(store)
 
-    def _outbox_age(self, options: CallbackOptions) -> Iterable[Measurement]:
-        ages = []
-        for store in self._stores:
-            try:
-                oldest = store.oldest_pending_outbox()
-            except Exception as exc:  # a store that cannot answer now reports nothing
-                logger.debug("outbox age not read: %s", exc)
-                continue
-            ages.append(0.0 if oldest is None else
-                        max((self.now() - oldest).total_seconds(), 0.0))
-        return [Measurement(max(ages))] if ages else []
+    def _outbox_age(self, store: Any) -> Iterable[Measurement]:
+        try:
+            oldest = store.oldest_pending_outbox()
+        except Exception as exc:  # a store that cannot answer now reports nothing
+            logger.debug("outbox age not read: %s", exc)
+            return []
+        return [Measurement(0.0 if oldest is None else
+                            max((self.now() - oldest).total_seconds(), 0.0))]
 
     def metrics_page(self) -> tuple[bytes, str] | None:
         """Return the Prometheus text page of this instance's metrics, when so configured."""
@@ -356,8 +359,8 @@ class _Handling:
 
     def __init__(self, telemetry: OtelTelemetry, event_type: str) -> None:
         self.telemetry, self.event_type, self.started = telemetry, event_type, 0.0
-        tracer = telemetry.tracer
-        self.step = None if tracer is None else _Step(tracer, "handler", errors=True)
+        step = telemetry._step("handler", errors=True)
+        self.step = step if isinstance(step, _Step) else None
 
     def __enter__(self) -> None:
         if self.step is not None:
@@ -384,6 +387,13 @@ def trace_of(found: trace.SpanContext) -> tracecontext.TraceContext:
     state = found.trace_state.to_header() if found.trace_state else ""
     return tracecontext.TraceContext(f"{found.trace_id:032x}", f"{found.span_id:016x}",
                                      found.trace_flags.sampled, state)
+
+
+def span_context(found: tracecontext.TraceContext) -> trace.SpanContext:
+    """Return a parsed remote context as OpenTelemetry's ``SpanContext``."""
+    flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if found.sampled else 0)
+    state = trace.TraceState.from_header([found.tracestate]) if found.tracestate else None
+    return trace.SpanContext(int(found.trace_id, 16), int(found.span_id, 16), True, flags, state)
 
 
 def _parent(span_context: trace.SpanContext | None) -> otel_context.Context:

@@ -12,6 +12,7 @@ tracing on installs them. Public SDK API only (a test greps for private names).
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -189,11 +190,11 @@ def instrument_libraries(provider: trace.TracerProvider,
     if unknown:
         raise SettingsError(f"EVENTBUS_TRACE_LIBRARIES: cannot instrument {sorted(unknown)}")
     installed = []
-    for name, load in (("pymongo", _pymongo), ("requests", _requests)):
+    for name, (module, kind) in _INSTRUMENTORS.items():
         if name not in libraries:
             continue
         try:
-            instrumentor = load()
+            instrumentor = getattr(importlib.import_module(module), kind)()
         except ImportError:
             logger.info("the %s instrumentation is not installed", name)
             continue
@@ -203,13 +204,5 @@ def instrument_libraries(provider: trace.TracerProvider,
     return installed
 
 
-def _pymongo() -> Any:
-    from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
-
-    return PymongoInstrumentor()
-
-
-def _requests() -> Any:
-    from opentelemetry.instrumentation.requests import RequestsInstrumentor
-
-    return RequestsInstrumentor()
+_INSTRUMENTORS = {"pymongo": ("opentelemetry.instrumentation.pymongo", "PymongoInstrumentor"),
+                  "requests": ("opentelemetry.instrumentation.requests", "RequestsInstrumentor")}
