@@ -1,22 +1,19 @@
 """``Telemetry``: what the processor, the relay and the app call; the default does nothing.
 
-One instance belongs to one service (the app builds it from its settings and
-hands it to its processor and relay, the way the relay gets its clock); no
-counter or provider is a process global. The call sites are one line each::
+One instance belongs to one service (no provider or counter is a process
+global). The processor's calls, one per step::
 
-    with telemetry.message(delivery, request_id) as observed:     # span "message <type>"
-        with telemetry.claiming(event_type): ...       # span "claim"
-        telemetry.claimed(claim)                       # attempt, replay audit
-        with telemetry.handler(event_type): ...        # span "handler" + duration
-        carried = telemetry.emitting()                 # the context children carry
-        with telemetry.span("finish"): ...             # span "finish" (and "relay")
-        return observed.done(result)                   # outcome: attributes, counters
+    with telemetry.message(delivery, request_id) as observed:   # span "message <type>"
+        with telemetry.claiming(event_type): ...                # span "claim"
+        telemetry.claimed(claim)                                # replay audit
+        with telemetry.handler(event_type): ...                 # span "handler", duration
+        carried = telemetry.emitting()                          # context children carry
+        with telemetry.span("finish"): ...                      # "finish" (and "relay")
+        return observed.done(result)                            # outcome, counters
 
-This class is the default, used when tracing and metrics are both off: every
-method is one no-op (a shared null context, ``None``), so a message with
-telemetry off runs nothing of this package. Log correlation does not depend
-on it: ``eventbus.correlation`` carries the trace context either way.
-``OtelTelemetry`` (``eventbus.telemetry.otel``) makes spans and metrics.
+This class, the default when tracing and metrics are off, makes each call a
+no-op (a shared null context, ``None``); log correlation does not depend on
+it (``eventbus.correlation``). ``eventbus.telemetry.otel`` makes spans and metrics.
 """
 
 from __future__ import annotations

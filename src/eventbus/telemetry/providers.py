@@ -81,16 +81,10 @@ def cloud_trace_exporter(settings: Settings) -> SpanExporter:
     return exporter
 
 
-def otlp_span_exporter(settings: Settings) -> SpanExporter:
-    """OTLP over HTTP, configured by ``OTEL_EXPORTER_OTLP_*``."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return OTLPSpanExporter()
-
-
 SPAN_EXPORTERS: dict[str, Callable[[Settings], SpanExporter]] = {
     "cloudtrace": cloud_trace_exporter,
-    "otlp": otlp_span_exporter,
+    "otlp": lambda settings: importlib.import_module(  # configured by OTEL_EXPORTER_OTLP_*
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter").OTLPSpanExporter(),
     "noop": lambda settings: NoopSpanExporter(),
 }
 
@@ -110,11 +104,6 @@ def sampler(ratio: float) -> Sampler:
     """
     by_trace_id = ALWAYS_ON if ratio >= 1 else TraceIdRatioBased(ratio)
     return ParentBased(root=by_trace_id, remote_parent_not_sampled=by_trace_id)
-
-
-def message_propagator() -> TraceContextTextMapPropagator:
-    """W3C trace context: what a child message carries in its attributes."""
-    return TraceContextTextMapPropagator()
 
 
 def request_propagator() -> CompositePropagator:
