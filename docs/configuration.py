@@ -1,4 +1,4 @@
-"""Write ``docs/CONFIGURATION.md`` from ``eventbus.settings.reference_markdown()``.
+"""Write ``docs/CONFIGURATION.md`` from ``eventbus.ops.config.reference_markdown()``.
 
 Run from the repository root: ``.venv/bin/python docs/configuration.py``.
 ``tests/unit/test_config_reference.py`` fails when the file is out of date.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eventbus.settings import reference_markdown
+from eventbus.ops.config import reference_markdown
 
 TARGET = Path(__file__).resolve().parent / "CONFIGURATION.md"
 

@@ -29,8 +29,10 @@ REFERENCE = ROOT / "docs" / "CONFIGURATION.md"
 
 
 def test_the_configuration_reference_is_up_to_date() -> None:
+    from eventbus.ops.config import reference_markdown as whole_reference
+
     written = REFERENCE.read_text(encoding="utf-8") if REFERENCE.exists() else ""
-    assert written == reference_markdown(), (
+    assert written == whole_reference(), (
         f"docs/CONFIGURATION.md is out of date; regenerate it with: {REGENERATE}")
 
 
@@ -87,3 +89,14 @@ def test_an_application_declares_its_own_settings_the_same_way() -> None:
     assert "| `MINE_TIMEOUT` | `timeout` | `5` | How long \\| at most. |" in text
     assert "| `MINE_TAGS` | `tags` | empty | Tags. |" in text
     assert "plain" not in text
+
+
+def test_the_operator_settings_declare_theirs_the_same_way() -> None:
+    from eventbus.ops.config import SOURCES as OPS_SOURCES
+    from eventbus.ops.config import OpsSettings
+
+    for field in dataclasses.fields(OpsSettings):
+        assert field.metadata.get("env") and callable(field.metadata.get("parse")), field.name
+        assert field.metadata.get("doc"), field.name
+    assert sources(OpsSettings) == OPS_SOURCES
+    assert "`EVENTBUS_CONSOLE_PORT` | `console_port` | `8081` |" in REFERENCE.read_text()

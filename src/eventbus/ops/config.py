@@ -1,19 +1,8 @@
 """The operator tools' own settings, read like the service's (``eventbus.settings.read_env``).
 
-| variable | default | meaning |
-| --- | --- | --- |
-| ``PUBSUB_SUBSCRIPTION`` | ``<topic>-push`` | push subscription (``retries`` shows its policy) |
-| ``PUBSUB_DEAD_LETTER_SUBSCRIPTION`` | ``<topic>-dlq-pull`` | what ``dlq drain`` pulls |
-| ``EVENTBUS_PULL_SUBSCRIPTION`` | ``<topic>-pull`` | what ``eventbus worker`` pulls |
-| ``EVENTBUS_APP`` | empty | ``MODULE:ATTR`` of the service app (its router places messages) |
-| ``EVENTBUS_OPERATOR`` | ``$USER`` | who a replay from the command line is recorded as |
-| ``EVENTBUS_REPLAY_CONFIRM_ABOVE`` | ``10`` | replays of more events ask for confirmation |
-| ``EVENTBUS_CONSOLE_TOKEN`` | random | the local console's access token |
-| ``EVENTBUS_CONSOLE_PORT`` | ``8081`` | the local console's port |
-| ``EVENTBUS_CONSOLE_AUTH`` | ``local`` | ``local`` (token), ``iap`` or ``oidc`` (signed identity) |
-| ``EVENTBUS_CONSOLE_AUDIENCE`` | empty | the identity token's audience (``iap``/``oidc``) |
-| ``EVENTBUS_CONSOLE_OPERATORS`` | empty | e-mails allowed in (``iap``/``oidc``); required there |
-| ``EVENTBUS_CONSOLE_READ_ONLY`` | ``false`` | hide and refuse replay |
+Each field of ``OpsSettings`` declares its variable, parser and doc once
+(``eventbus.settings.setting``); ``SOURCES`` and the "Operator tools" section
+of ``docs/CONFIGURATION.md`` (``reference_markdown``) are derived from them.
 
 The console script first loads a ``.env`` file (``load_env_file``). ``make
 run`` writes the local settings (database, emulator, project, topic, console
@@ -35,6 +24,7 @@ import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from eventbus import settings
 from eventbus.settings import (
     Parser,
     Settings,
@@ -43,6 +33,9 @@ from eventbus.settings import (
     parse_list,
     parse_str,
     read_env,
+    setting,
+    settings_table,
+    sources,
 )
 
 
@@ -50,18 +43,42 @@ from eventbus.settings import (
 class OpsSettings:
     """Settings of the operator commands and the console (next to ``Settings``)."""
 
-    subscription: str = ""
-    dead_letter_subscription: str = ""
-    pull_subscription: str = ""
-    app: str = ""
-    operator: str = ""
-    replay_confirm_above: int = 10
-    console_token: str = ""
-    console_port: int = 8081
-    console_auth: str = "local"
-    console_audience: str = ""
-    console_operators: tuple[str, ...] = ()
-    console_read_only: bool = False
+    subscription: str = setting(
+        "", env="PUBSUB_SUBSCRIPTION", parse=parse_str,
+        doc="The push subscription (`retries` shows its policy); empty: `<topic>-push`.")
+    dead_letter_subscription: str = setting(
+        "", env="PUBSUB_DEAD_LETTER_SUBSCRIPTION", parse=parse_str,
+        doc="What `dlq drain` pulls; empty: `<dead-letter topic>-pull`.")
+    pull_subscription: str = setting(
+        "", env="EVENTBUS_PULL_SUBSCRIPTION", parse=parse_str,
+        doc="What `eventbus worker` pulls; empty: `<topic>-pull`.")
+    app: str = setting(
+        "", env="EVENTBUS_APP", parse=parse_str,
+        doc="`MODULE:ATTR` of the service app (its router places messages).")
+    operator: str = setting(
+        "", env="EVENTBUS_OPERATOR", parse=parse_str,
+        doc="Who a replay from the command line is recorded as; empty: `$USER`.")
+    replay_confirm_above: int = setting(
+        10, env="EVENTBUS_REPLAY_CONFIRM_ABOVE", parse=parse_int,
+        doc="Replays of more events ask for confirmation.")
+    console_token: str = setting(
+        "", env="EVENTBUS_CONSOLE_TOKEN", parse=parse_str,
+        doc="The local console's access token; empty: a random one.")
+    console_port: int = setting(
+        8081, env="EVENTBUS_CONSOLE_PORT", parse=parse_int,
+        doc="The local console's port.")
+    console_auth: str = setting(
+        "local", env="EVENTBUS_CONSOLE_AUTH", parse=parse_str,
+        doc="`local` (token), `iap` or `oidc` (signed identity).")
+    console_audience: str = setting(
+        "", env="EVENTBUS_CONSOLE_AUDIENCE", parse=parse_str,
+        doc="The identity token's audience (`iap`/`oidc`).")
+    console_operators: tuple[str, ...] = setting(
+        (), env="EVENTBUS_CONSOLE_OPERATORS", parse=parse_list,
+        doc="E-mails allowed in (`iap`/`oidc`); required there.")
+    console_read_only: bool = setting(
+        False, env="EVENTBUS_CONSOLE_READ_ONLY", parse=parse_bool,
+        doc="Hide and refuse replay.")
 
     @classmethod
     def from_env(cls, settings: Settings,
@@ -79,21 +96,16 @@ class OpsSettings:
             operator=read.operator or env.get("USER", "") or "operator")
 
 
-SOURCES: dict[str, tuple[str, Parser]] = {
-    "subscription": ("PUBSUB_SUBSCRIPTION", parse_str),
-    "dead_letter_subscription": ("PUBSUB_DEAD_LETTER_SUBSCRIPTION", parse_str),
-    "pull_subscription": ("EVENTBUS_PULL_SUBSCRIPTION", parse_str),
-    "app": ("EVENTBUS_APP", parse_str),
-    "operator": ("EVENTBUS_OPERATOR", parse_str),
-    "replay_confirm_above": ("EVENTBUS_REPLAY_CONFIRM_ABOVE", parse_int),
-    "console_token": ("EVENTBUS_CONSOLE_TOKEN", parse_str),
-    "console_port": ("EVENTBUS_CONSOLE_PORT", parse_int),
-    "console_auth": ("EVENTBUS_CONSOLE_AUTH", parse_str),
-    "console_audience": ("EVENTBUS_CONSOLE_AUDIENCE", parse_str),
-    "console_operators": ("EVENTBUS_CONSOLE_OPERATORS", parse_list),
-    "console_read_only": ("EVENTBUS_CONSOLE_READ_ONLY", parse_bool),
-}
-"""Where each field of ``OpsSettings`` comes from: field → (variable, parser)."""
+SOURCES: dict[str, tuple[str, Parser]] = sources(OpsSettings)
+"""Where each field of ``OpsSettings`` comes from: field → (variable, parser), from its metadata."""
+
+
+def reference_markdown() -> str:
+    """``docs/CONFIGURATION.md``: the service's settings, then the operator tools'."""
+    return "\n".join([settings.reference_markdown(), "",
+                      "## Operator tools (the `eventbus` console script)", "",
+                      "Read by `OpsSettings.from_env` next to the service's settings.", "",
+                      settings_table(OpsSettings)])
 
 
 ENV_FILE = ".env"
