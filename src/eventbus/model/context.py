@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # types only: the model never calls into the guard's layer
     from eventbus.guard import Guard
 
 
-class OutboxEntry(dict[str, Any]):
+class ChildEntry(dict[str, Any]):
     """An outbox entry as stored, carrying in memory the child's JSON text (``text``).
 
     The inline relay publishes ``text`` as it is; an entry read back from the
@@ -54,12 +54,12 @@ class Child:
         if not self.fingerprint:
             object.__setattr__(self, "fingerprint", fingerprint_text(self.text))
 
-    def to_document(self, parent_key: str, root_key: str, created_at: datetime) -> OutboxEntry:
+    def to_document(self, parent_key: str, root_key: str, created_at: datetime) -> ChildEntry:
         """Return the outbox entry stored in the parent's document.
 
         ``created_at`` lets the sweeper leave young entries to the inline relay.
         """
-        return OutboxEntry({"idempotency_key": self.key, **self.event.to_document(),
+        return ChildEntry({"idempotency_key": self.key, **self.event.to_document(),
                             "ordering_key": self.ordering_key, "parent_key": parent_key,
                             "root_key": root_key, "status": Status.PENDING.value,
                             "publish_attempts": 0, "payload_fingerprint": self.fingerprint,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from eventbus.correlation import tracecontext
     from eventbus.model.delivery import Delivery
     from eventbus.store.base import Claim
 
@@ -84,7 +85,7 @@ class Telemetry:
         """The trace attributes children emitted now carry; None: the current trace's."""
         return None
 
-    def extract(self, headers: Any) -> Any:
+    def extract(self, headers: tracecontext.Headers) -> tracecontext.TraceContext | None:
         """The trace context of a push request's headers; None: the stdlib parser decides."""
         return None
 

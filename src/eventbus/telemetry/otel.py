@@ -246,7 +246,7 @@ class OtelTelemetry(Telemetry):
         self.messages.inject(carrier, context=trace.set_span_in_context(span))
         return carrier
 
-    def extract(self, headers: Any) -> tracecontext.TraceContext | None:
+    def extract(self, headers: tracecontext.Headers) -> tracecontext.TraceContext | None:
         """The push request's context, by the W3C and Cloud Trace propagators."""
         carrier = {name: value for name in _REQUEST_HEADERS if (value := headers.get(name))}
         if self.requests is None or not carrier:

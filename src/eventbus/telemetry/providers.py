@@ -133,18 +133,11 @@ def views() -> list[View]:
             for name, bounds in BUCKETS.items()]
 
 
-def meter_provider(settings: Settings,
-                   reader: MetricReader | None = None) -> tuple[MeterProvider | None, Any]:
-    """Return a new meter provider and, for ``prometheus``, the registry to serve.
-
-    ``reader`` (tests: the SDK's ``InMemoryMetricReader``) replaces the configured one.
-    """
-    name = settings.metrics_exporter
-    if name == "none" and reader is None:
+def meter_provider(settings: Settings) -> tuple[MeterProvider | None, Any]:
+    """Return a new meter provider and, for ``prometheus``, the registry to serve."""
+    if settings.metrics_exporter == "none":
         return None, None
-    registry = None
-    if reader is None:
-        reader, registry = _reader(name, settings)
+    reader, registry = _reader(settings.metrics_exporter, settings)
     # No exemplars: offering one per measurement costs more than the measurement itself.
     return MeterProvider(metric_readers=[reader], resource=resource(settings), views=views(),
                          exemplar_filter=AlwaysOffExemplarFilter()), registry
