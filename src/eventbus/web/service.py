@@ -119,12 +119,14 @@ def _log(environ: dict[str, Any], request_id: str, status: int, started: float,
     seconds = time.perf_counter() - started
     agent, method = environ.get("HTTP_USER_AGENT", ""), environ.get("REQUEST_METHOD", "")
     host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
-    path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+    path, root = _wsgi_text(environ, "PATH_INFO") or "/", _wsgi_text(environ, "SCRIPT_NAME")
+    query = environ.get("QUERY_STRING", "")
     remote = environ.get("REMOTE_ADDR", "")
-    url = f"{environ.get('wsgi.url_scheme', 'http')}://{host}{path}"
+    url = (f"{environ.get('wsgi.url_scheme', 'http')}://{host}{root}{path}"
+           f"{'?' + query if query else ''}")
     fields: dict[str, Any] = {
         "host": host, "sourceIp": remote, "sourceHost": agent, "method": method,
-        "path": path or "/", "status": status, "requestId": request_id,
+        "path": path, "status": status, "requestId": request_id,
         "duration": round(seconds * 1000, 2),
         "httpRequest": http_request(method, url, status, seconds, remote_ip=remote,
                                     user_agent=agent,
@@ -135,3 +137,8 @@ def _log(environ: dict[str, Any], request_id: str, status: int, started: float,
         fields.update(outcome=result.outcome.value, idempotency_key=result.key,
                       event_type=result.event_type, attempt=result.attempt)
     logs.request_line(fields)
+
+
+def _wsgi_text(environ: dict[str, Any], name: str) -> str:
+    # WSGI carries paths as latin-1 strings of the raw bytes; werkzeug shows them as UTF-8.
+    return str(environ.get(name, "")).encode("latin-1", "replace").decode("utf-8", "replace")
