@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -127,3 +129,31 @@ def test_a_message_the_sampler_drops_makes_no_child_spans_and_still_counts() -> 
         assert {parent_of(span) for span in rec.named(name)} == {
             span.context.span_id for span in kept}
     assert rec.outcomes() == {"processed": 60}
+
+
+HOSTILE_TEXT = st.one_of(
+    st.text(max_size=64), st.just("\ud800"), st.just("\x00"), st.just("x" * 20_000),
+    st.just("00-" + "a" * 32 + "-" + "b" * 16 + "-01\x00"), st.just("a=" + "b" * 9000),
+    st.builds(lambda n: f"00-{n:032x}-{n:016x}-01", st.integers(0, 2**70)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(traceparent=HOSTILE_TEXT, tracestate=HOSTILE_TEXT)
+def test_hostile_trace_attributes_never_break_a_traced_message(traceparent: str,
+                                                              tracestate: str) -> None:
+    rec = recorded(FakeClock())
+    routes = Router()
+    routes.handler("OK")(lambda context: [context.emit("CHILD", {})] and None)
+    routes.handler("CHILD", internal=True)(lambda context: None)
+    processor = Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
+                          telemetry=rec.telemetry)
+    document = {"event_type": "OK", "event_version": "v1",
+                "entity_metadata": {"partnerId": "p", "entity_id": "e", "entity_type": "T"},
+                "entity_data": {}}
+    result = processor.process(Delivery(
+        data=json.dumps(document).encode(), message_id="m-1",
+        attributes={"traceparent": traceparent, "tracestate": tracestate}))
+    assert result.outcome.value in ("processed", "rejected")  # stored either way
+    (message,) = [span for span in rec.finished() if span.name.startswith("message")]
+    assert message.attributes is not None
+    assert message.attributes["eventbus.outcome"] == result.outcome.value
