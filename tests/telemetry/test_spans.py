@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from eventbus import Router
+from eventbus import Context, Router
 from eventbus.model.delivery import Delivery
 from eventbus.processor import Processor
 from eventbus.settings import Settings
@@ -143,7 +143,11 @@ def test_hostile_trace_attributes_never_break_a_traced_message(traceparent: str,
                                                               tracestate: str) -> None:
     rec = recorded(FakeClock())
     routes = Router()
-    routes.handler("OK")(lambda context: [context.emit("CHILD", {})] and None)
+
+    @routes.handler("OK")
+    def emits(context: Context) -> None:
+        context.emit("CHILD", {})
+
     routes.handler("CHILD", internal=True)(lambda context: None)
     processor = Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
                           telemetry=rec.telemetry)
