@@ -9,7 +9,7 @@ from typing import Any
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import StoreUnavailable
 from eventbus.model.keys import canonical_json
-from eventbus.ops.replay import RateLimit, Replayer, routerless
+from eventbus.ops.replay import Replayer, routerless, spaced
 from eventbus.pubsub.message import build_event, build_message
 from eventbus.testing import CapturingPublisher
 from eventbus.workers import deadletter
@@ -113,11 +113,11 @@ def test_the_rate_limit_spaces_calls() -> None:
         slept.append(seconds)
         now[0] += seconds
 
-    limit = RateLimit(4.0, sleep=sleep, monotonic=lambda: now[0])
+    limit = spaced(4.0, sleep=sleep, monotonic=lambda: now[0])
     for _ in range(3):
         limit.wait()
     assert slept == [0.25, 0.25]
-    RateLimit(None, sleep=sleep).wait()
+    spaced(None, sleep=sleep).wait()
     assert len(slept) == 2
 
 

@@ -39,6 +39,7 @@ from eventbus.ops import correct
 from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.store.base import Record
+from eventbus.workers.rate import RateLimit
 from eventbus.workers.rebuild import Locator, Message, NotReplayable, build, ordering_key
 
 logger = logging.getLogger("eventbus.ops")
@@ -62,22 +63,11 @@ class ReplayResult:
         return dataclasses.asdict(self)
 
 
-class RateLimit:
-    """At most ``per_second`` calls per second: ``wait()`` sleeps until the next may go."""
-
-    def __init__(self, per_second: float | None, *, sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.interval = 1.0 / per_second if per_second else 0.0
-        self._sleep, self._monotonic = sleep, monotonic
-        self._next = float("-inf")
-
-    def wait(self) -> None:
-        """Sleep until the next call is allowed, then take its slot."""
-        now = self._monotonic()
-        if now < self._next:
-            self._sleep(self._next - now)
-            now = self._next
-        self._next = now + self.interval
+def spaced(per_second: float | None, *, sleep: Callable[[float], None] = time.sleep,
+           monotonic: Callable[[], float] = time.monotonic) -> RateLimit:
+    """At most ``per_second`` replays per second, evenly spaced (None, 0 or less: no limit)."""
+    limited = per_second if per_second is not None and per_second > 0 else None
+    return RateLimit(limited, sleep=sleep, monotonic=monotonic, burst=1)
 
 
 @dataclasses.dataclass
@@ -90,7 +80,7 @@ class Replayer:
     by: str
     why: str
     locate: Locator
-    limit: RateLimit = dataclasses.field(default_factory=lambda: RateLimit(None))
+    limit: RateLimit = dataclasses.field(default_factory=lambda: spaced(None))
 
     def replay(self, record: Mapping[str, Any]) -> ReplayResult:
         """Replay one record; never raises for anything about the record.

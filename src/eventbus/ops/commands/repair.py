@@ -20,7 +20,7 @@ from eventbus.ops.commands.common import (
     rate,
 )
 from eventbus.ops.render import safe, table
-from eventbus.ops.replay import RateLimit, Replayer, ReplayResult, fetch, replayable
+from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
 from eventbus.ops.reports import failed_groups, find_group, status_label
 from eventbus.store.base import Record
 from eventbus.workers import deadletter
@@ -122,7 +122,7 @@ def replayer(args: argparse.Namespace, tools: Tools) -> Replayer:
     return Replayer(tools.store(), tools.publisher(), tools.now, by=tools.ops.operator,
                     why=args.why or "replayed from the command line",
                     locate=locator(args.app or tools.ops.app, tools.store()),
-                    limit=RateLimit(args.rate))
+                    limit=spaced(args.rate))
 
 
 def _run(args: argparse.Namespace, tools: Tools, chosen: list[Record]) -> list[ReplayResult]:

@@ -14,7 +14,7 @@ from eventbus.model.event import json_object
 from eventbus.ops import correct
 from eventbus.ops import reports as ops
 from eventbus.ops.render import duration, moment, to_json
-from eventbus.ops.replay import RateLimit, Replayer, ReplayResult, fetch, replayable
+from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
 from eventbus.web.console import Console, charts
 from eventbus.web.console.access import (
     COOKIE,
@@ -257,7 +257,7 @@ def _chosen(args: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
 def _replayer(why: str) -> Replayer:
     app = console()
     return Replayer(app.store, app.publisher(), app.now, by=str(flask.g.operator), why=why,
-                    locate=app.locate, limit=RateLimit(app.config.replay_rate))
+                    locate=app.locate, limit=spaced(app.config.replay_rate))
 
 
 def _replay(records: list[dict[str, Any]], why: str) -> list[ReplayResult]:
