@@ -7,7 +7,7 @@ Rows (one store: ``MONGODB_URI``, else the local server of the ``localdb`` tool)
 - ``push (bench/handler.py)``: ``handler, telemetry off`` of ``bench/handler.py``
   (gunicorn, 16 connections; its CPU is the service's), run as a subprocess;
   a push costs two store round trips per event by construction;
-- ``worker, in-process, batch B``: the real batch runner and ``PullWorker``
+- ``worker, in-process, batch B``: the real ``Processor.run`` and ``PullWorker``
   over the real ``MongoEventStore`` with no-op handlers (``bench/noop_handlers.py``),
   messages from an in-process source: the worker's ceiling. CPU is this
   process's (the worker's); round trips are the store's own command count;
@@ -53,7 +53,6 @@ from eventbus.store import documents  # noqa: E402
 from eventbus.store.mongo import MongoEventStore  # noqa: E402
 from eventbus.store.roundtrips import IGNORED_COMMANDS  # noqa: E402
 from eventbus.testing import FakeClock  # noqa: E402
-from eventbus.workers.batch import BatchRunner  # noqa: E402
 from eventbus.workers.pull import Inbox, PullWorker  # noqa: E402
 
 LEASE = timedelta(seconds=60)
@@ -151,7 +150,7 @@ def worker_in_process(uri: str, db: str, size: int, events: int) -> Row:
     with fresh_store(uri, db) as store:
         processor = Processor(store, noop_router(), Settings(relay_inline=False),
                               FakeClock(datetime.now(UTC)))
-        worker = PullWorker(BatchRunner(processor), Inbox(), subscription="bench",
+        worker = PullWorker(processor, Inbox(), subscription="bench",
                             batch_size=size)
         tag = uuid.uuid4().hex[:6]
         batches = [[Message(n, tag) for n in range(i, min(i + size, events))]

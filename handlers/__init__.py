@@ -27,12 +27,17 @@ from handlers.settings import AppSettings
 __all__ = ["AppSettings", "create_router"]
 
 
-def create_router(settings: AppSettings, session: requests.Session | None = None) -> Router:
+def create_router(settings: AppSettings | None = None,
+                  session: requests.Session | None = None) -> Router:
     """Return the app's router: every domain's routes, plus ``EVENTBUS_HANDLER_MODULES``.
+
+    Without ``settings``, they are read from the environment (``eventbus worker``
+    calls it so: ``--app handlers:create_router``).
 
     Partner calls go through ``session`` (default a new one) with every adapter
     wrapped to write one ``REQUEST_OUTBOUND`` line per call.
     """
+    settings = settings or AppSettings.from_env()
     partners = logging_session(session)
     router = Router().include(orders.routes, subscriptions.routes, promotions.routes,
                               notifications.create_routes(settings.partners, partners),

@@ -10,6 +10,7 @@ Build a service::
     def on_order(context): ...
 
     app = create_app(routes)             # gunicorn main:app
+    worker = create_worker(routes)       # or a pull worker (no Flask): eventbus worker
 
 Publish from another service (needs only google-cloud-pubsub)::
 
@@ -26,7 +27,10 @@ The layers, each a package that says what it may import:
 * ``eventbus.settings``  the frozen ``Settings``, read once from the environment;
 * ``eventbus.store``     storage, the only layer that talks to the collections:
                          protocol, documents, MongoDB, in-memory;
-* ``eventbus.processor`` the state machine: prepare once, claim, run, finish;
+* ``eventbus.processor`` the state machine as stages over a batch (push: a batch of
+                         one): locate, claim, handle, finish, relay; middleware around them;
+* ``eventbus.assembly``  a service's parts from its settings (store, telemetry, relay,
+                         processor), for ``create_app`` and ``create_worker`` alike;
 * ``eventbus.correlation`` trace context and request ids on every log line and
                          outbound call (the standard library only);
 * ``eventbus.telemetry`` spans and metrics on OpenTelemetry's SDK (off: no-ops);
@@ -42,8 +46,8 @@ The layers, each a package that says what it may import:
                          console script;
 * ``eventbus.testing``   ``LocalBus``, a fake clock, a capturing publisher.
 
-``create_app`` (Flask) is imported on first use, so ``from eventbus import
-publish`` works where neither Flask nor pymongo is installed.
+``create_app`` (Flask) and ``create_worker`` are imported on first use, so
+``from eventbus import publish`` works where neither Flask nor pymongo is installed.
 """
 
 from __future__ import annotations
@@ -60,11 +64,13 @@ from eventbus.settings import Settings
 
 if TYPE_CHECKING:
     from eventbus.web.app import create_app, push_target
+    from eventbus.workers.pull import create_worker
 
 __all__ = ["Context", "PermanentError", "Publisher", "Router", "Settings", "TransientError",
-           "contract", "create_app", "path", "publish", "push_target"]
+           "contract", "create_app", "create_worker", "path", "publish", "push_target"]
 
-_LAZY = {"create_app": "eventbus.web.app", "push_target": "eventbus.web.app"}
+_LAZY = {"create_app": "eventbus.web.app", "push_target": "eventbus.web.app",
+         "create_worker": "eventbus.workers.pull"}
 
 
 def __getattr__(name: str) -> Any:

@@ -38,6 +38,7 @@ from eventbus.pubsub.message import Entity, build_event, build_message
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore, Record
 from eventbus.store.memory import MemoryEventStore
+from eventbus.telemetry import Telemetry
 
 
 class FakeClock:
@@ -119,15 +120,18 @@ class LocalBus:
 
     def __init__(self, router: Router, store: EventStore | None = None, *,
                  settings: Settings | None = None, clock: FakeClock | None = None,
-                 database: Any = None, classifier: Classifier | None = None) -> None:
+                 database: Any = None, classifier: Classifier | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.settings = settings or Settings(relay_inline=False)
         self.clock = clock or FakeClock()
         self.store: EventStore = store if store is not None else MemoryEventStore(
             lease=dt.timedelta(seconds=self.settings.lease_seconds), database=database)
         self.publisher = CapturingPublisher()
-        self.relay = Relay(self.store, self.publisher, now=self.clock, sleep=lambda _: None)
+        self.relay = Relay(self.store, self.publisher, now=self.clock, sleep=lambda _: None,
+                           telemetry=telemetry)
         self.processor = Processor(self.store, router, self.settings, self.clock,
-                                   after_success=self.relay, classifier=classifier)
+                                   after_success=self.relay, classifier=classifier,
+                                   middleware=telemetry.middleware() if telemetry else ())
         self.results: list[Result] = []
         """Every delivery's result, in the order they ran."""
         self.messages: dict[str, Message] = {}

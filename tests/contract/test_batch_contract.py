@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from eventbus.store import documents
-from eventbus.store.base import EventStore, Finish
+from eventbus.store.base import EventStore, Finish, Finished
 from tests.contract.conftest import ERROR, FIELDS, new_key
 
 OTHER = {**FIELDS, "payload_fingerprint": "another-payload"}
@@ -56,7 +56,7 @@ def test_finish_many_stores_each_outcome_and_names_lost_leases(store: EventStore
     finishes = [Finish(ok, owner, outbox=(child,)),
                 Finish(bad, owner, error=ERROR, retryable=True, redrive_at=later),
                 Finish(lost, owner)]
-    assert store.finish_many(finishes, later) == {lost}
+    assert store.finish_many(finishes, later) == Finished(lost=frozenset({lost}))
     assert (store.get(ok) or {})["event_status"] == "SUCCESS"
     assert (store.get(ok) or {})["outbox"][0]["idempotency_key"] == child["idempotency_key"]
     failed = store.get(bad) or {}
@@ -79,10 +79,11 @@ def test_renew_many_extends_only_the_leases_still_held(store: EventStore,
 def test_a_new_key_claimed_in_a_batch_is_stored_as_a_single_claim_stores_it(
         store: EventStore, now: datetime) -> None:
     # claim_many inserts new keys as documents (documents.new_record) instead of
-    # running the claim's pipeline: the stored record must be the same.
+    # running the claim's pipeline: the stored record must be the same. (Two
+    # keys: a batch of one is the single claim itself.)
     alone, batched = new_key(), new_key()
     store.claim(alone, FIELDS, now)
-    store.claim_many({batched: FIELDS}, now)
+    store.claim_many({batched: FIELDS, new_key(): FIELDS}, now)
     skip = {"_id", "idempotency_key", "lease_owner"}
     single = {k: v for k, v in (store.get(alone) or {}).items() if k not in skip}
     batch = {k: v for k, v in (store.get(batched) or {}).items() if k not in skip}
@@ -104,3 +105,19 @@ def test_a_batch_of_new_and_existing_keys_takes_the_claimable_ones(
     assert (batch.taken[retry].attempt, batch.taken[fresh].attempt) == (2, 1)
     assert (store.get(retry) or {})["entity_metadata"]["resilienceAttemptCount"].keys() == \
         {"1", "2"}
+
+
+def test_a_batch_of_one_answers_as_the_single_key_primitives(store: EventStore,
+                                                             now: datetime) -> None:
+    # Push hands the processor a batch of one: taken, held, conflicting and
+    # finished keys come back exactly as for a batch of many.
+    fresh, held = new_key(), new_key()
+    taken = store.claim_many({fresh: FIELDS}, now).taken[fresh]
+    other = store.claim(held, FIELDS, now).owner
+    assert store.claim_many({held: FIELDS}, now).records[held]["lease_owner"] == other
+    assert store.finish_many([Finish(fresh, taken.owner)], now) == Finished()
+    assert store.finish_many([Finish(held, taken.owner)], now) == Finished(
+        lost=frozenset({held}))
+    conflict = store.claim_many({fresh: OTHER}, now)
+    assert conflict.taken == {} and documents.conflicts(conflict.records[fresh], "another-payload")
+    assert (store.get(fresh) or {})["event_status"] == "SUCCESS"

@@ -18,7 +18,6 @@ from eventbus.outbox.relay import Relay
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import CapturingPublisher, Message
-from eventbus.workers.batch import BatchRunner
 from eventbus.workers.pull import Inbox, PullWorker
 from tests.service.conftest import START, Make, app_router, memory_database
 
@@ -126,7 +125,7 @@ def test_the_pull_worker_forwards_like_push() -> None:
     clock = FakeClock(START)
     processor = Processor(store, app_router(), Settings(relay_inline=False), clock,
                           after_success=Relay(store, publisher, now=clock, sleep=lambda _: None))
-    worker = PullWorker(BatchRunner(processor), Inbox(), subscription="s", batch_size=10)
+    worker = PullWorker(processor, Inbox(), subscription="s", batch_size=10)
 
     class Pulled:
         def __init__(self, n: int) -> None:

@@ -1,7 +1,7 @@
 """The pull worker with a fake subscriber, on the in-memory store: batches decided as push decides.
 
-``FakeMessage`` records its ack or nack; ``worker()`` builds the real batch
-runner over a real ``Processor`` with a test router. Time is a fake clock:
+``FakeMessage`` records its ack or nack; ``setup()`` builds the real
+``PullWorker`` over a real ``Processor`` (batches of N) with a test router. Time is a fake clock:
 the rate limit is checked without sleeping.
 """
 
@@ -24,7 +24,6 @@ from eventbus.processor import Processor
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
-from eventbus.workers.batch import BatchRunner
 from eventbus.workers.pull import Inbox, PullWorker
 from eventbus.workers.rate import RateLimit
 
@@ -96,9 +95,8 @@ def setup(behaviour: Callable[[Context], None] | None = None, *, store: Any = No
         relayed.append((key, str((store.get(key) or {}).get("event_status"))))
 
     processor = Processor(store, routes, Settings(max_attempts=5), clock,
-                          after_success=after_success)
-    runner = BatchRunner(processor, concurrency=4)
-    worker = PullWorker(runner, Inbox(), subscription="projects/p/subscriptions/s-pull",
+                          after_success=after_success, concurrency=4)
+    worker = PullWorker(processor, Inbox(), subscription="projects/p/subscriptions/s-pull",
                         batch_size=100, rate=rate, exactly_once=exactly_once)
     return Setup(store, worker, calls, relayed, clock)
 

@@ -12,7 +12,6 @@ from eventbus import Context, Router
 from eventbus.correlation.tracecontext import parse_traceparent
 from eventbus.model.outcome import Outcome
 from eventbus.outbox.relay import Relay
-from eventbus.telemetry import Telemetry
 from eventbus.testing import FakeClock, LocalBus
 from tests.telemetry.support import Recorded, captured_lines, parent_of, recorded, trace_ids
 
@@ -36,10 +35,7 @@ def cascade_router() -> Router:
 
 
 def traced_bus(rec: Recorded, clock: FakeClock) -> LocalBus:
-    bus = LocalBus(cascade_router(), clock=clock)
-    bus.processor.telemetry = rec.telemetry
-    bus.relay.telemetry = rec.telemetry
-    return bus
+    return LocalBus(cascade_router(), clock=clock, telemetry=rec.telemetry)
 
 
 def test_one_cascade_is_one_trace_with_the_expected_spans() -> None:
@@ -87,8 +83,7 @@ def test_the_child_carries_the_publish_span_in_its_traceparent_attribute() -> No
 def test_a_child_the_sweeper_publishes_later_still_joins_the_parents_trace() -> None:
     clock = FakeClock()
     rec = recorded(clock)
-    bus = LocalBus(cascade_router(), clock=clock)
-    bus.processor.telemetry = rec.telemetry
+    bus = LocalBus(cascade_router(), clock=clock, telemetry=rec.telemetry)
     bus.processor.after_success = None  # the inline relay "crashed": the child waits
     bus.publish("ORDER", {"id": 1}, entity=ENTITY)
     assert len(bus.results) == 1
@@ -113,7 +108,7 @@ def test_a_child_the_sweeper_publishes_later_still_joins_the_parents_trace() -> 
 
 def test_with_tracing_off_the_cascade_still_shares_one_trace_id_in_its_log_lines() -> None:
     bus = LocalBus(cascade_router())
-    assert type(bus.processor.telemetry) is Telemetry
+    assert bus.processor.middleware == () and bus.relay.telemetry is None
     with captured_lines() as lines:
         bus.publish("ORDER", {"id": 1}, entity=ENTITY)
     seen = [line for line in lines if line["message"] in ("order seen", "step seen")]

@@ -143,7 +143,7 @@ def test_hostile_attributes_never_break_a_traced_message(attribute: str, state: 
     routes = Router()
     routes.handler("OK")(lambda ctx: None)
     processor = Processor(MemoryEventStore(), routes, Settings(), clock,
-                          telemetry=rec.telemetry)
+                          middleware=rec.telemetry.middleware())
     delivery = Delivery(data=DATA, attributes={"traceparent": attribute, "tracestate": state},
                         message_id=attribute, publish_time=attribute)
     outcome = processor.process(delivery).outcome.value

@@ -54,8 +54,7 @@ def metered_bus(tracing: bool) -> tuple[LocalBus, Recorded, Handlers]:
     clock = FakeClock()
     handlers = Handlers(clock)
     rec = recorded(clock, tracing=tracing)
-    bus = LocalBus(handlers.router(), clock=clock)
-    bus.processor.telemetry = bus.relay.telemetry = rec.telemetry
+    bus = LocalBus(handlers.router(), clock=clock, telemetry=rec.telemetry)
     return bus, rec, handlers
 
 
@@ -155,7 +154,7 @@ def test_the_prometheus_page_shows_the_counters() -> None:
                for line in text.splitlines() for outcome in ("processed", "duplicate")) == 2
     assert "messaging_process_duration_seconds_bucket" in text
     assert "eventbus_outbox_oldest_pending_age_seconds" in text
-    app.extensions["eventbus"].processor.telemetry.shutdown()
+    app.extensions["eventbus"].telemetry.shutdown()
 
 
 def test_without_prometheus_there_is_no_metrics_page() -> None:

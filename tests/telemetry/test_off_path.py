@@ -1,5 +1,5 @@
-"""With telemetry off, one push message runs nothing of ``eventbus.telemetry`` beyond one no-op
-call per step: every call into the package comes from outside it and calls nothing further."""
+"""With telemetry off, one push message enters no module of ``eventbus.telemetry``: telemetry is
+middleware around the processor's stages, and with none the stages call nothing of it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 
 TELEMETRY = str(Path(__file__).resolve().parents[2] / "src" / "eventbus" / "telemetry")
-STEPS = {"message", "claiming", "claimed", "handler", "span", "emitting", "extract", "done",
-         "publishing"}
 ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
 
 
@@ -29,20 +27,21 @@ def push_body(event_type: str, number: int) -> dict[str, Any]:
             "subscription": "projects/p/subscriptions/s"}
 
 
-def test_a_push_with_telemetry_off_makes_only_no_op_calls_into_telemetry() -> None:
+def test_a_push_with_telemetry_off_enters_no_telemetry_module() -> None:
     routes = Router()
     routes.handler("PARENT")(lambda context: context.emit("CHILD", {}))
     routes.handler("CHILD", internal=True)(lambda context: None)
     app = create_app(routes, Settings(), store=MemoryEventStore())
     client = app.test_client()
     client.post("/", json=push_body("PARENT", 1))  # warm up: imports, indexes
-    calls: list[tuple[str, str]] = []
+    calls: list[str] = []
+    entered: list[str] = []
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(TELEMETRY):
-            caller = frame.f_back
-            inside = caller is not None and caller.f_code.co_filename.startswith(TELEMETRY)
-            calls.append((frame.f_code.co_name, "nested" if inside else "direct"))
+        if event == "call":
+            entered.append(frame.f_code.co_filename)
+            if frame.f_code.co_filename.startswith(TELEMETRY):
+                calls.append(frame.f_code.co_name)
 
     sys.setprofile(profile)
     try:
@@ -50,7 +49,5 @@ def test_a_push_with_telemetry_off_makes_only_no_op_calls_into_telemetry() -> No
     finally:
         sys.setprofile(None)
     assert answer.status_code == 200
-    assert calls, "the processor calls the telemetry hooks"
-    assert {name for name, _ in calls} <= STEPS
-    assert {where for _, where in calls} == {"direct"}
-    assert len(calls) <= 2 * len(STEPS)  # the parent and its relayed child: one call per step
+    assert any("processor" in name for name in entered), "the profile sees the push"
+    assert calls == []

@@ -86,7 +86,8 @@ def test_claim_and_finish_stand_for_their_round_trip_and_handler_commands_get_py
     try:
         routes = Router()
         routes.handler("OK")(lambda context: context.db["projections"].insert_one({"a": 1}))
-        processor = Processor(store, routes, Settings(), clock, telemetry=rec.telemetry)
+        processor = Processor(store, routes, Settings(), clock,
+                              middleware=rec.telemetry.middleware())
         document = {"event_type": "OK", "event_version": "v1",
                     "entity_metadata": {"partnerId": "p", "entity_id": "e",
                                         "entity_type": "T"}, "entity_data": {}}
@@ -116,7 +117,7 @@ def test_a_message_the_sampler_drops_makes_no_child_spans_and_still_counts() -> 
     routes = Router()
     routes.handler("OK")(lambda context: None)
     processor = Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
-                          telemetry=rec.telemetry)
+                          middleware=rec.telemetry.middleware())
     for number in range(60):
         document = {"event_type": "OK", "event_version": "v1",
                     "entity_metadata": {"partnerId": "p", "entity_id": f"e-{number}",
@@ -150,7 +151,7 @@ def test_hostile_trace_attributes_never_break_a_traced_message(traceparent: str,
 
     routes.handler("CHILD", internal=True)(lambda context: None)
     processor = Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
-                          telemetry=rec.telemetry)
+                          middleware=rec.telemetry.middleware())
     document = {"event_type": "OK", "event_version": "v1",
                 "entity_metadata": {"partnerId": "p", "entity_id": "e", "entity_type": "T"},
                 "entity_data": {}}

@@ -6,8 +6,13 @@
 * only ``eventbus/store/mongo.py``, ``mongo_batch.py`` and ``roundtrips.py`` import pymongo or bson;
 * only ``eventbus/web/`` imports Flask (or Werkzeug);
 * only ``eventbus/store/`` touches a collection (``.collection``, ``find_one``, ``update_one``...);
+* ``eventbus/processor/`` imports the model, the store protocol and documents, the guard,
+  correlation and settings: never telemetry, the outbox, the web or the workers;
+* ``eventbus/telemetry/`` imports settings, correlation, the model and the processor (the
+  middleware it is), never the outbox, the store's drivers, the web or the workers;
+* ``eventbus/assembly.py`` (the parts of a service) imports no Flask;
 * ``eventbus/workers/`` imports the layers below it (model, settings, store protocol and
-  documents, processor, outbox, ``pubsub.message``, telemetry) and google-cloud-pubsub in
+  documents, processor, outbox, ``pubsub.message``, telemetry, assembly) and google-cloud-pubsub in
   ``subscriber`` and ``deadletter`` only; never ``eventbus.ops`` (the CLI imports the
   workers, not the other way round), ``eventbus.web`` or ``eventbus.testing``;
 * ``import eventbus`` (and the test bus) works where neither Flask nor pymongo is installed.
@@ -36,7 +41,14 @@ FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                       "eventbus.store.documents", "eventbus.processor", "eventbus.outbox",
-                      "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers")
+                      "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers",
+                      "eventbus.assembly")
+PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
+                        "eventbus.store.documents", "eventbus.store", "eventbus.guard",
+                        "eventbus.correlation", "eventbus.processor")
+TELEMETRY_MAY_IMPORT = ("eventbus.settings", "eventbus.correlation", "eventbus.model",
+                        "eventbus.processor", "eventbus.telemetry", "opentelemetry",
+                        "prometheus_client")
 GOOGLE_CLIENT = ("google",)
 GOOGLE_CLIENT_MODULES = {"eventbus/workers/subscriber.py", "eventbus/workers/deadletter.py"}
 COLLECTION_METHODS = frozenset({
@@ -135,8 +147,10 @@ def named(path: Path) -> list[Import]:
 def test_the_rules_see_every_layer() -> None:
     names = {relative(path) for path in MODULES}
     assert {"eventbus/__init__.py", "eventbus/model/event.py", "eventbus/store/mongo.py",
-            "eventbus/web/app.py", "eventbus/processor/machine.py", "eventbus/testing.py",
-            "eventbus/workers/redrive.py"} <= names
+            "eventbus/web/app.py", "eventbus/processor/pipeline.py", "eventbus/testing.py",
+            "eventbus/workers/redrive.py", "eventbus/processor/middleware.py",
+            "eventbus/telemetry/stages.py", "eventbus/assembly.py",
+            "eventbus/workers/pull.py"} <= names
     redrive = {found.module for found in named(PACKAGE / "workers" / "redrive.py")}
     assert "eventbus.workers.rebuild.build" in redrive and "eventbus.workers.rebuild" not in redrive
     mongo = {found.module for found in imports(PACKAGE / "store" / "mongo.py")}
@@ -173,6 +187,25 @@ def test_the_workers_import_only_the_layers_below_them() -> None:
             if not found.type_checking and not is_stdlib(found.module) and not allowed:
                 bad.append(f"{module}:{found.line} imports {found.module}")
     assert bad == []
+
+
+@pytest.mark.parametrize(("folder", "allowed"), [
+    ("eventbus/processor/", PROCESSOR_MAY_IMPORT),
+    ("eventbus/telemetry/", TELEMETRY_MAY_IMPORT),
+])
+def test_the_processor_and_telemetry_import_only_what_they_may(
+        folder: str, allowed: tuple[str, ...]) -> None:
+    bad = [f"{module}:{found.line} imports {found.module}" for module, found in all_imports()
+           if module.startswith(folder) and not found.type_checking
+           and not is_stdlib(found.module) and not under(found.module, *allowed)]
+    assert bad == []
+
+
+def test_the_processor_never_names_telemetry() -> None:
+    # Telemetry wraps the stages as middleware; the stages call nothing of it.
+    for path in (PACKAGE / "processor").glob("*.py"):
+        assert "telemetry" not in {part for found in imports(path)
+                                   for part in found.module.split(".")}, path.name
 
 
 def test_only_the_mongo_store_imports_pymongo() -> None:

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 TRACEPARENT = "traceparent"
+GOOGLE_TRACEPARENT = "googclient_traceparent"
+"""Where google-cloud-pubsub's OpenTelemetry tracing puts the publisher's context."""
 TRACESTATE = "tracestate"
 CLOUD_TRACE_HEADER = "x-cloud-trace-context"
 TRACE_ATTRIBUTES = (TRACEPARENT, TRACESTATE)
@@ -132,7 +134,13 @@ def from_headers(headers: Headers) -> TraceContext | None:
 
 
 def from_attributes(attributes: Mapping[str, str]) -> TraceContext | None:
-    """Return the trace context a message carries in its attributes, or None."""
+    """Return the trace context a message carries in its attributes, or None.
+
+    Without a ``traceparent`` of its own, a message published by Google's
+    instrumented client continues that client's trace (``googclient_traceparent``).
+    """
+    if TRACEPARENT not in attributes and GOOGLE_TRACEPARENT in attributes:
+        return parse_traceparent(attributes.get(GOOGLE_TRACEPARENT))
     return parse_traceparent(attributes.get(TRACEPARENT), attributes.get(TRACESTATE, ""))
 
 
@@ -165,6 +173,8 @@ def carried(attributes: Mapping[str, str]) -> dict[str, str]:
         trace = current_trace()
         if trace is not None:
             given.update(trace.attributes())
+            if _otel_current() is not None:  # tracing on: Google's instrumented clients too
+                given[GOOGLE_TRACEPARENT] = given[TRACEPARENT]
     return given
 
 

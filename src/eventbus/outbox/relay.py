@@ -40,10 +40,12 @@ writes the outbox only through the store.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -59,6 +61,8 @@ from eventbus.store.documents import error_document
 from eventbus.telemetry import Telemetry
 
 logger = logging.getLogger("eventbus.outbox.relay")
+_CARRY_NOTHING: contextlib.nullcontext[Mapping[str, str]] = contextlib.nullcontext(
+    types.MappingProxyType({}))
 
 _EVENT_FIELDS = ("event_type", "event_version", "event_direction", "entity_metadata",
                  "entity_data")
@@ -129,7 +133,8 @@ class Relay:
                  monotonic: Callable[[], float] = time.monotonic,
                  telemetry: Telemetry | None = None) -> None:
         self.store, self.publisher, self.now = store, publisher, now
-        self.telemetry = telemetry or Telemetry()
+        # Only tracing has work to do per child: without it, nothing of telemetry runs here.
+        self.telemetry = telemetry if telemetry is not None and telemetry.tracing else None
         self.budget, self.backoff = budget, backoff
         self._sleep, self._jitter, self._monotonic = sleep, jitter, monotonic
 
@@ -172,7 +177,7 @@ class Relay:
         stored = tracecontext.from_attributes(entry.entry)
         with tracecontext.scope(stored or tracecontext.current_trace(),
                                 tracecontext.current_request_id()), \
-                self.telemetry.publishing(entry.entry) as carried:
+                self._publishing(entry.entry) as carried:
             attempt = self._publish(entry.entry, deadline, carried)
         if attempt.error is not None:
             logger.warning("child %s of %s not published after %d tries: %s",
@@ -185,6 +190,10 @@ class Relay:
             logger.info("child %s of %s was already marked published", entry.key,
                         entry.parent_key)
         return RelayReport(published=1)
+
+    def _publishing(self, entry: Mapping[str, Any]
+                    ) -> contextlib.AbstractContextManager[Mapping[str, str]]:
+        return _CARRY_NOTHING if self.telemetry is None else self.telemetry.publishing(entry)
 
     def _publish(self, entry: Mapping[str, Any], deadline: float | None,
                  carried: Mapping[str, str]) -> _Attempt:

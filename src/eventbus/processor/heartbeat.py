@@ -1,8 +1,9 @@
 """Short leases kept alive while a handler runs, so a killed worker's event is free in seconds.
 
-A claim holds its record for ``store.lease`` (default 20 s). While the handler
-runs, one background thread per processor renews every live lease each
-``lease / 4``; a handler shorter than that costs no store write at all. A
+A claim holds its record for ``store.lease`` (default 20 s). While a batch's
+handlers run, one background thread per processor renews every live lease
+each ``lease / 4`` in one round trip (``renew_many``); a handler shorter than
+that costs no store write at all. A
 worker that dies stops renewing, and the record is claimable again within one
 lease. A renewal that finds the lease taken by another worker marks it lost:
 the processor then answers 503 instead of acking work another worker owns.
@@ -14,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -31,8 +32,8 @@ class RenewingStore(Protocol):
         """How long a claim or a renewal holds the record."""
         ...
 
-    def renew(self, key: str, owner: str, now: datetime) -> bool:
-        """Extend ``owner``'s lease on ``key`` from ``now``; False when it is no longer held."""
+    def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the leases of ``owners`` (key → owner); return the keys still held."""
         ...
 
 
@@ -59,27 +60,32 @@ class Heartbeat:
         self._background = background
 
     @contextlib.contextmanager
-    def keep(self, key: str, owner: str) -> Iterator[Lease]:
-        """Keep ``owner``'s lease on ``key`` alive for the duration of the block."""
-        lease = Lease(key, owner)
+    def hold(self, owners: Mapping[str, str]) -> Iterator[dict[str, Lease]]:
+        """Keep every lease of a batch (key → owner) alive for the block; yield them by key."""
+        leases = {key: Lease(key, owner) for key, owner in owners.items()}
         with self._lock:
-            self._live[id(lease)] = lease
+            self._live.update((id(lease), lease) for lease in leases.values())
         self._ensure_thread()
         try:
-            yield lease
+            yield leases
         finally:
             with self._lock:
-                self._live.pop(id(lease), None)
+                for lease in leases.values():
+                    self._live.pop(id(lease), None)
 
     def beat(self) -> None:
-        """Renew every live lease once; mark the ones another worker took as lost."""
+        """Renew every live lease in one round trip; mark the ones another worker took as lost."""
         with self._lock:
             leases = [lease for lease in self._live.values() if not lease.lost]
-        for lease in leases:
+        for round_ in _rounds(leases):
             try:
-                lease.lost = not self.store.renew(lease.key, lease.owner, self.now())
+                held = self.store.renew_many({lease.key: lease.owner for lease in round_},
+                                             self.now())
             except StoreUnavailable as exc:  # the next beat tries again
-                logger.warning("lease on %s not renewed: %s", lease.key, exc)
+                logger.warning("%d leases not renewed: %s", len(round_), exc)
+                return
+            for lease in round_:
+                lease.lost = lease.key not in held
 
     def _ensure_thread(self) -> None:
         if not self._background or self._thread is not None:
@@ -95,3 +101,14 @@ class Heartbeat:
         # holds a worker's shutdown.
         while not self._wake.wait(self.interval):
             self.beat()
+
+
+def _rounds(leases: list[Lease]) -> list[list[Lease]]:
+    """Split ``leases`` so no key is asked twice in one round (an old and a new owner)."""
+    rounds: list[list[Lease]] = []
+    for lease in leases:
+        free = next((r for r in rounds if all(other.key != lease.key for other in r)), None)
+        if free is None:
+            rounds.append(free := [])
+        free.append(lease)
+    return rounds

@@ -17,9 +17,11 @@ Two error rules hold for every primitive of every implementation:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
+
+from eventbus.model.errors import AlreadyExists, ContentRejected
 
 Record = dict[str, Any]
 """A stored document, as the seed schema names its fields."""
@@ -49,6 +51,17 @@ class BatchClaim:
     """Keys whose fields the store refused for their content (``ContentRejected`` for one)."""
 
 
+def claim_of_one(claim: Callable[[str, Mapping[str, Any], datetime], Claim], key: str,
+                 fields: Mapping[str, Any], now: datetime) -> BatchClaim:
+    """``claim_many`` of one key through the single-key ``claim``: its cost, its rules."""
+    try:
+        return BatchClaim({key: claim(key, fields, now)}, {})
+    except AlreadyExists as exc:  # and Conflict, its subclass
+        return BatchClaim({}, {key: dict(exc.record)})
+    except ContentRejected:
+        return BatchClaim({}, {}, frozenset({key}))
+
+
 @dataclasses.dataclass(frozen=True)
 class Finish:
     """One outcome to store with ``finish_many``: SUCCESS with children, or FAILED."""
@@ -60,6 +73,16 @@ class Finish:
     """None for SUCCESS; the error document for FAILED."""
     retryable: bool = False
     redrive_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """What ``finish_many`` did with the outcomes it was given."""
+
+    lost: frozenset[str] = frozenset()
+    """Keys whose lease another worker took: nothing was stored for them."""
+    refused: frozenset[str] = frozenset()
+    """Keys whose children the store refused for their content: stored FAILED for good instead."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,17 +148,23 @@ class EventStore(Protocol):
         """Return the record of ``key``, or None."""
         ...
 
-    # -- batches (the pull worker) ------------------------------------------------------
+    # -- batches (the processor's claim and finish stages) -------------------------------
     def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
         """Claim every key of ``items`` (key → ``fields`` as for ``claim``) at once.
 
         The rules are ``claim``'s, key by key; the keys taken share one owner.
-        Raises ``StoreUnavailable`` when the store cannot be asked at all.
+        One key costs what ``claim`` costs (one round trip). Raises
+        ``StoreUnavailable`` when the store cannot be asked at all.
         """
         ...
 
-    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> set[str]:
-        """Store every outcome at once; return the keys whose lease was lost (not stored)."""
+    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> Finished:
+        """Store every outcome at once (one key: one round trip, as ``succeed``/``fail``).
+
+        Children the store refuses for their content leave their parent FAILED
+        for good (``Finished.refused``); a lease another worker took leaves the
+        record as that worker has it (``Finished.lost``).
+        """
         ...
 
     def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:

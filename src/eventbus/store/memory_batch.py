@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from eventbus.model.errors import AlreadyExists, Conflict
-from eventbus.store.base import BatchClaim, Claim, Finish, Record
+from eventbus.model.errors import AlreadyExists, Conflict, ContentRejected
+from eventbus.store import documents
+from eventbus.store.base import BatchClaim, Claim, Finish, Finished, Record, claim_of_one
 
 
 class MemoryBatchMixin:
@@ -23,6 +24,9 @@ class MemoryBatchMixin:
     _events: dict[str, Record]
 
     if TYPE_CHECKING:  # provided by MemoryEventStore
+        def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
+            """``MemoryEventStore.claim``."""
+
         def _claim(self, key: str, fields: Mapping[str, Any], now: datetime,
                    owner: str) -> Claim:
             """``MemoryEventStore._claim``."""
@@ -40,19 +44,33 @@ class MemoryBatchMixin:
 
     def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
         """Claim every key at once, one owner for the batch (``EventStore.claim_many``)."""
-        owner, taken, records = uuid.uuid4().hex, {}, {}
+        if len(items) == 1:
+            return claim_of_one(self.claim, *next(iter(items.items())), now)
+        owner, taken, records, refused = uuid.uuid4().hex, {}, {}, set()
         with self._lock:
             for key, fields in items.items():
                 try:
                     taken[key] = self._claim(key, fields, now, owner)
                 except (AlreadyExists, Conflict):
                     records[key] = copy.deepcopy(self._events[key])
-        return BatchClaim(taken, records)
+                except ContentRejected:
+                    refused.add(key)
+        return BatchClaim(taken, records, frozenset(refused))
 
-    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> set[str]:
-        """Store every outcome; return the keys whose lease was lost."""
+    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> Finished:
+        """Store every outcome; say which leases were lost and which children refused."""
+        lost, refused = set(), set()
         with self._lock:
-            return {finish.key for finish in finishes if not self._finish_one(finish, now)}
+            for finish in finishes:
+                try:
+                    stored = self._finish_one(finish, now)
+                except ContentRejected as exc:
+                    refused.add(finish.key)
+                    stored = self.fail(finish.key, finish.owner, now,
+                                       documents.error_document(exc, "content"), retryable=False)
+                if not stored:
+                    lost.add(finish.key)
+        return Finished(frozenset(lost), frozenset(refused - lost))
 
     def _finish_one(self, finish: Finish, now: datetime) -> bool:
         if finish.error is None:

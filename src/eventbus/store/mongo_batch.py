@@ -1,7 +1,9 @@
 """The batch primitives on MongoDB: a mixin ``MongoEventStore`` inherits.
 
 Write shapes (measured in ``bench/pull.py``; on the local store the write
-shape, not the round trip, sets the ceiling):
+shape, not the round trip, sets the ceiling). A batch of one key (a push)
+is the single-key primitive itself, ``claim`` then ``succeed`` or ``fail``:
+one round trip each, as before batches existed.
 
 * ``claim_many``: one unordered insert of every key as a new record
   (``documents.new_record``), all under one batch owner; the keys that exist
@@ -16,7 +18,8 @@ shape, not the round trip, sets the ceiling):
   client builds and encodes a much larger command.
 * ``finish_many``: one unordered ``bulk_write`` of the owner-checked finishes.
   When fewer matched than were sent (a lease was lost), one ``find`` tells
-  which: a record finished by this call carries this call's stamp.
+  which: a record finished by this call carries this call's stamp. Children
+  the store refuses leave their parent FAILED for good (a second write).
 * ``renew_many``: one ``update_many`` over the keys with the batch's owner,
   and a ``find`` only when fewer were held than asked.
 """
@@ -26,13 +29,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymongo import InsertOne, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError
 
+from eventbus.model.errors import ContentRejected
 from eventbus.store import documents
-from eventbus.store.base import BatchClaim, Claim, Finish, Record
+from eventbus.store.base import BatchClaim, Claim, Finish, Finished, Record, claim_of_one
 from eventbus.store.mongo_errors import unavailable
 
 DUPLICATE_KEY = 11000
@@ -47,8 +51,22 @@ class MongoBatchMixin:
     _retention: timedelta
     _lease: timedelta
 
+    if TYPE_CHECKING:  # provided by MongoEventStore
+        def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
+            """``MongoEventStore.claim``."""
+
+        def succeed(self, key: str, owner: str, now: datetime,
+                    outbox: Sequence[Mapping[str, Any]] = ()) -> bool:
+            """``MongoEventStore.succeed``."""
+
+        def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
+                 retryable: bool, redrive_at: datetime | None = None) -> bool:
+            """``MongoEventStore.fail``."""
+
     def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
-        """Claim every key at once (``EventStore.claim_many``): two round trips."""
+        """Claim every key at once (``EventStore.claim_many``): two round trips, one for one key."""
+        if len(items) == 1:
+            return claim_of_one(self.claim, *next(iter(items.items())), now)
         now, owner = documents.bson_time(now), uuid.uuid4().hex
         keys = list(items)
         rules = {"owner": owner, "lease": self._lease, "created_by": self._created_by,
@@ -68,10 +86,12 @@ class MongoBatchMixin:
         return BatchClaim(claimed.taken, claimed.records,
                           frozenset(keys[index] for index in refused))
 
-    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> set[str]:
-        """Store every outcome at once; return the keys whose lease was lost."""
+    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> Finished:
+        """Store every outcome at once; say which leases were lost and which children refused."""
+        if len(finishes) == 1:
+            return self._finish_one(finishes[0], now)
         if not finishes:
-            return set()
+            return Finished()
         stamp = documents.epoch_ms(now)
         writes = [UpdateOne(documents.owner_filter(f.key, f.owner), _finish_update(f, now))
                   for f in finishes]
@@ -79,13 +99,28 @@ class MongoBatchMixin:
             matched, refused = _bulk(self._collection, writes)
             if refused:  # children the store cannot hold: FAILED for good, as for one event
                 matched += self._refuse(finishes, refused, now)
+            keys = frozenset(finishes[i].key for i in refused)
             if matched == len(finishes):
-                return set()
-            return self._not_finished(finishes, stamp)
+                return Finished(refused=keys)
+            lost = self._not_finished(finishes, stamp)
+            return Finished(frozenset(lost), keys - lost)
+
+    def _finish_one(self, finish: Finish, now: datetime) -> Finished:
+        try:
+            stored = self.succeed(finish.key, finish.owner, now, finish.outbox) \
+                if finish.error is None else \
+                self.fail(finish.key, finish.owner, now, finish.error,
+                          retryable=finish.retryable, redrive_at=finish.redrive_at)
+        except ContentRejected as exc:  # the children: FAILED for good instead
+            stored = self.fail(finish.key, finish.owner, now,
+                               documents.error_document(exc, "content"), retryable=False)
+            return Finished(refused=frozenset({finish.key}) if stored else frozenset(),
+                            lost=frozenset() if stored else frozenset({finish.key}))
+        return Finished(lost=frozenset() if stored else frozenset({finish.key}))
 
     def _refuse(self, finishes: Sequence[Finish], refused: set[int], now: datetime) -> int:
-        error = {"type": "ContentRejected", "classification": "content",
-                 "message": "finish: the store refused the content (the children)"}
+        error = documents.error_document(
+            ContentRejected("finish: the store refused the content (the children)"), "content")
         writes = [UpdateOne(documents.owner_filter(finishes[i].key, finishes[i].owner),
                             documents.fail_update(now, error, retryable=False))
                   for i in sorted(refused)]

@@ -1,22 +1,25 @@
 """Telemetry: spans and metrics through OpenTelemetry's SDK, off by default.
 
 * ``from_settings``: the telemetry a service's settings ask for;
-* ``core``: ``Telemetry``, the default: every call a no-op;
-* ``otel``: ``OtelTelemetry``, spans and metrics on the SDK's public API;
+* ``core``: ``Telemetry``, the default: no middleware, every call a no-op;
+* ``otel``: ``OtelTelemetry``, providers, the relay's spans, metrics on the SDK's public API;
+* ``stages``: ``StageTelemetry``, the middleware around the processor's stages
+  (message, claim, handler, finish and relay spans; per-message metrics);
 * ``providers``: providers, exporters, views and propagators from ``Settings``;
 * ``names``: the metric and attribute names it exports.
 
-May import: ``eventbus.settings``, ``eventbus.correlation`` (``eventbus.model``,
-``eventbus.store.base`` for types). OpenTelemetry is imported by ``otel`` and
-``providers`` only, loaded when an exporter is set: off, it needs no OpenTelemetry.
+May import: ``eventbus.settings``, ``eventbus.correlation``, ``eventbus.processor``
+(the middleware protocol and the items it wraps) and ``eventbus.model``.
+OpenTelemetry is imported by ``otel``, ``stages`` and ``providers`` only, loaded
+when an exporter is set: off, it needs no OpenTelemetry.
 """
 
 from __future__ import annotations
 
 from eventbus.settings import Settings, SettingsError
-from eventbus.telemetry.core import Clock, Observation, Telemetry
+from eventbus.telemetry.core import Clock, Telemetry
 
-__all__ = ["Observation", "Telemetry", "from_settings"]
+__all__ = ["Telemetry", "from_settings"]
 
 
 def from_settings(settings: Settings, *, now: Clock | None = None,

@@ -30,47 +30,33 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
 import logging
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.metrics import Observation as Measurement
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from eventbus.correlation import tracecontext
+from eventbus.processor.middleware import Middleware
 from eventbus.settings import Settings
 from eventbus.telemetry import names, providers
-from eventbus.telemetry.core import Clock, Observation, R, Telemetry
+from eventbus.telemetry.core import Clock, Telemetry
+from eventbus.telemetry.stages import StageTelemetry, failed, text, trace_of
 
 if TYPE_CHECKING:
     from eventbus.model.delivery import Delivery
-    from eventbus.store.base import Claim
 
 logger = logging.getLogger("eventbus.telemetry")
 
-UNROUTED = "(unrouted)"
-_FAILED = frozenset({"retry", "rejected", "unavailable", "lease_lost"})
-_FINAL = frozenset({"processed", "replayed", "rejected"})
-_NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
-_MESSAGE: contextvars.ContextVar[_Message | None] = contextvars.ContextVar(
-    "eventbus_message", default=None)
 _CONSUMED = {names.SYSTEM: names.PUBSUB}
 _REQUEST_HEADERS = ("traceparent", "tracestate", "x-cloud-trace-context")
-
-
-def text(value: object, limit: int = 256) -> str:
-    """Return ``value`` as valid UTF-8 text of at most ``limit`` characters (for attributes)."""
-    raw = value if isinstance(value, str) else str(value)
-    return raw[:limit].encode("utf-8", "replace").decode("utf-8")
 
 
 class Instruments:
@@ -105,52 +91,6 @@ class Instruments:
             return list(self.counts.items())
 
 
-class _Message(Observation):
-    """One delivery being processed: its span, and what the metrics need at the end."""
-
-    __slots__ = ("delivery", "event_type", "handler_span", "recording", "replayed", "span",
-                 "telemetry")
-
-    def __init__(self, telemetry: OtelTelemetry, delivery: Delivery, span: Span | None) -> None:
-        self.telemetry, self.delivery, self.span = telemetry, delivery, span
-        self.event_type, self.replayed = "", False
-        self.handler_span: Span | None = None
-        self.recording = span is not None and span.is_recording()
-
-    def done(self, result: R) -> R:
-        """Record the outcome on the span and the counters; return ``result``."""
-        finished: Any = result  # the processor's Result
-        outcome = finished.outcome.value
-        if outcome == "processed" and self.replayed:
-            outcome = "replayed"
-        labels = {names.EVENT_TYPE: self.event_type or UNROUTED, names.OUTCOME: outcome}
-        if self.span is not None:
-            self._annotate(self.span, finished, labels)
-        if self.telemetry.instruments is not None:
-            self._count(self.telemetry.instruments, finished, labels)
-        return result
-
-    def _annotate(self, span: Span, result: Any, labels: dict[str, str]) -> None:
-        if self.event_type:
-            span.update_name(f"message {self.event_type}")
-        span.set_attributes({**labels, names.IDEMPOTENCY_KEY: text(result.key),
-                             names.ATTEMPT: result.attempt})
-        if labels[names.OUTCOME] in _FAILED:
-            span.set_status(Status(StatusCode.ERROR, labels[names.OUTCOME]))
-
-    def _count(self, instruments: Instruments, result: Any, labels: dict[str, str]) -> None:
-        instruments.count(labels[names.EVENT_TYPE], labels[names.OUTCOME])
-        if labels[names.OUTCOME] not in _FINAL:
-            return
-        by_type = {names.EVENT_TYPE: labels[names.EVENT_TYPE]}
-        if result.attempt > 0:
-            instruments.attempts.record(result.attempt, by_type)
-        published = self.delivery.published_at()
-        if published is not None:
-            seconds = (self.telemetry.now() - published).total_seconds()
-            instruments.end_to_end.record(max(seconds, 0.0), labels)
-
-
 class OtelTelemetry(Telemetry):
     """Spans and metrics through OpenTelemetry providers owned by this instance."""
 
@@ -182,12 +122,6 @@ class OtelTelemetry(Telemetry):
             built.suppress_store = "pymongo" in settings.trace_libraries
         return built
 
-    # -- one message ----------------------------------------------------------------
-    def message(self, delivery: Delivery,
-                request_id: str = "") -> contextlib.AbstractContextManager[Observation]:
-        """Run the block as the processing of ``delivery``: its span and its observation."""
-        return _Processing(self, delivery, request_id)
-
     def message_span(self, delivery: Delivery) -> Span:
         """Start the span of ``delivery``: under its attributes' context, else the request's."""
         assert self.tracer is not None
@@ -204,46 +138,23 @@ class OtelTelemetry(Telemetry):
                         names.MESSAGE_ID: text(delivery.message_id)})
 
     def _remote(self, carrier: Mapping[str, str]) -> trace.SpanContext | None:
+        # A message without a traceparent of its own continues the trace of
+        # Google's instrumented client (its ``googclient_traceparent``).
+        if tracecontext.TRACEPARENT not in carrier and tracecontext.GOOGLE_TRACEPARENT in carrier:
+            carrier = {tracecontext.TRACEPARENT: carrier[tracecontext.GOOGLE_TRACEPARENT]}
         found = trace.get_current_span(self.messages.extract(carrier)).get_span_context()
         return found if found.is_valid else None
 
-    def claiming(self, event_type: str) -> contextlib.AbstractContextManager[Any]:
-        """Span ``claim``; ``event_type`` (routed, so trusted) labels the message's metrics."""
-        message = _MESSAGE.get()
-        if message is not None:
-            message.event_type = text(event_type, 128)
-        return self._step("claim", store=True)
+    def middleware(self) -> list[Middleware]:
+        """The spans and metrics around the processor's stages."""
+        return [StageTelemetry(self)]
 
-    def _step(self, name: str, store: bool = False,
-              errors: bool = False) -> contextlib.AbstractContextManager[Any]:
-        # A message the sampler dropped makes no child spans: they would be dropped too.
-        message = _MESSAGE.get()
-        if self.tracer is None or (message is not None and not message.recording):
-            return _NOTHING
-        return _Step(self.tracer, name, errors=errors, store=store and self.suppress_store)
-
-    def claimed(self, claim: Claim) -> None:
-        """Note a replay audit on the record the claim took."""
-        if (message := _MESSAGE.get()) is not None and (claim.previous or {}).get("replays"):
-            message.replayed = True
-
-    def handler(self, event_type: str) -> contextlib.AbstractContextManager[Any]:
-        """Span ``handler`` and the processing-duration histogram."""
-        return _Handling(self, text(event_type, 128))
-
-    def span(self, name: str) -> contextlib.AbstractContextManager[Any]:
-        """A child span of the message (``finish``, ``relay``), current for its block."""
-        return self._step(name, store=name == "finish")
-
-    def emitting(self) -> dict[str, str] | None:
-        """The handler span's context (where the children were emitted), as attributes."""
-        message = _MESSAGE.get()
-        span = None if message is None else message.handler_span or message.span
-        return None if span is None else self._inject(span)
-
-    def _inject(self, span: Span) -> dict[str, str]:
+    def inject(self, span: Span) -> dict[str, str]:
+        """The attributes that carry ``span``'s context: W3C, and Google's client's name for it."""
         carrier: dict[str, str] = {}
         self.messages.inject(carrier, context=trace.set_span_in_context(span))
+        if tracecontext.TRACEPARENT in carrier:
+            carrier[tracecontext.GOOGLE_TRACEPARENT] = carrier[tracecontext.TRACEPARENT]
         return carrier
 
     def extract(self, headers: tracecontext.Headers) -> tracecontext.TraceContext | None:
@@ -272,9 +183,9 @@ class OtelTelemetry(Telemetry):
                 record_exception=False, set_status_on_exception=False) as span:
             try:
                 with tracecontext.adopted(trace_of(span.get_span_context())):
-                    yield self._inject(span)
+                    yield self.inject(span)
             except BaseException as exc:
-                _failed(span, exc)
+                failed(span, exc)
                 raise
 
     # -- the service ------------------------------------------------------------------
@@ -313,102 +224,6 @@ class OtelTelemetry(Telemetry):
             self.meter_provider.shutdown()
 
 
-class _Processing:
-    """One message: its span (current for the block), its scope's trace, its observation."""
-
-    __slots__ = ("delivery", "message", "request_id", "scope", "span", "telemetry", "token")
-
-    def __init__(self, telemetry: OtelTelemetry, delivery: Delivery, request_id: str) -> None:
-        self.telemetry, self.delivery, self.request_id = telemetry, delivery, request_id
-        self.span: Span | None = None
-        self.token: object = None
-        self.scope: tracecontext.ScopeToken | None = None
-        self.message: contextvars.Token[_Message | None] | None = None
-
-    def __enter__(self) -> Observation:
-        if self.telemetry.tracer is not None:
-            self.span = self.telemetry.message_span(self.delivery)
-            self.token = otel_context.attach(trace.set_span_in_context(self.span))
-            self.scope = tracecontext.adopt(trace_of(self.span.get_span_context()),
-                                            self.request_id)
-        observed = _Message(self.telemetry, self.delivery, self.span)
-        self.message = _MESSAGE.set(observed)
-        return observed
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if self.message is not None:
-            _MESSAGE.reset(self.message)
-        tracecontext.leave(self.scope)
-        if self.span is not None:
-            if exc is not None:
-                _failed(self.span, exc)
-            otel_context.detach(self.token)  # type: ignore[arg-type]
-            self.span.end()
-
-
-class _Step:
-    """One child span of the message, current for its block (instrumented calls nest)."""
-
-    __slots__ = ("errors", "name", "stack", "store", "tracer")
-
-    def __init__(self, tracer: trace.Tracer, name: str, errors: bool = False,
-                 store: bool = False) -> None:
-        self.tracer, self.name, self.errors, self.store = tracer, name, errors, store
-        self.stack = contextlib.ExitStack()
-
-    def __enter__(self) -> Span:
-        span = self.stack.enter_context(self.tracer.start_as_current_span(
-            self.name, record_exception=False, set_status_on_exception=False))
-        if self.store:
-            # The step is the store's one round trip: it stands for it (pymongo's
-            # span, when pymongo is instrumented, would repeat it).
-            span.set_attribute("db.system.name", "mongodb")
-            self.stack.enter_context(suppress_instrumentation())
-        return span
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None and self.errors:
-            _failed(trace.get_current_span(), exc)
-        self.stack.__exit__(kind, exc, tb)
-
-
-class _Handling:
-    """The handler's run: span ``handler`` (errors recorded) and the duration histogram."""
-
-    __slots__ = ("event_type", "started", "step", "telemetry")
-
-    def __init__(self, telemetry: OtelTelemetry, event_type: str) -> None:
-        self.telemetry, self.event_type, self.started = telemetry, event_type, 0.0
-        step = telemetry._step("handler", errors=True)
-        self.step = step if isinstance(step, _Step) else None
-
-    def __enter__(self) -> None:
-        if self.step is not None:
-            span = self.step.__enter__()
-            message = _MESSAGE.get()
-            if message is not None:
-                message.handler_span = span
-        self.started = time.perf_counter()
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        seconds = time.perf_counter() - self.started
-        if self.step is not None:
-            self.step.__exit__(kind, exc, tb)
-        instruments = self.telemetry.instruments
-        if instruments is not None:
-            labels = {**_CONSUMED, names.EVENT_TYPE: self.event_type}
-            if exc is not None:
-                labels[names.ERROR_TYPE] = type(exc).__qualname__
-            instruments.duration.record(seconds, labels)
-
-
-def trace_of(found: trace.SpanContext) -> tracecontext.TraceContext:
-    """Return a span context as a ``TraceContext`` (for log lines and attributes)."""
-    state = found.trace_state.to_header() if found.trace_state else ""
-    return tracecontext.TraceContext(f"{found.trace_id:032x}", f"{found.span_id:016x}",
-                                     found.trace_flags.sampled, state)
-
-
 def span_context(found: tracecontext.TraceContext) -> trace.SpanContext:
     """Return a parsed remote context as OpenTelemetry's ``SpanContext``."""
     flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if found.sampled else 0)
@@ -422,9 +237,3 @@ def _parent(span_context: trace.SpanContext | None) -> otel_context.Context:
         return otel_context.Context()
     return trace.set_span_in_context(trace.NonRecordingSpan(span_context),
                                      otel_context.Context())
-
-
-def _failed(span: Span, exc: BaseException) -> None:
-    # The class only: messages may hold hostile text or internal hosts.
-    span.set_attribute("exception.type", type(exc).__qualname__)
-    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))

@@ -13,50 +13,28 @@ the app serves its metrics at ``/metrics``.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
 import flask
 from werkzeug.exceptions import HTTPException
 
+from eventbus.assembly import assemble, default_publisher, default_store, inline_relay, utcnow
 from eventbus.model.errors import Classifier
 from eventbus.model.router import Router
-from eventbus.outbox.relay import Relay
-from eventbus.processor import AfterSuccess, Clock, Processor
+from eventbus.processor import AfterSuccess, Clock
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.pubsub.push_auth import Authenticator
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.telemetry import Telemetry
-from eventbus.telemetry import from_settings as telemetry_from_settings
 from eventbus.web import logs
 from eventbus.web.service import PushService
 
+__all__ = ["build_service", "create_app", "default_publisher", "default_store", "inline_relay",
+           "push_target", "utcnow"]
+
 PUSH_PATHS = ("/", "/push")
-
-
-def utcnow() -> dt.datetime:
-    """Return the current UTC time, timezone-aware: the default clock."""
-    return dt.datetime.now(dt.UTC)
-
-
-def default_store(settings: Settings) -> EventStore:
-    """Return the MongoDB store of ``settings`` (pymongo is imported only here)."""
-    from eventbus.store.mongo import MongoEventStore
-
-    return MongoEventStore.from_settings(settings)
-
-
-def default_publisher(settings: Settings) -> MessagePublisher:
-    """Return a publisher to the settings' topic, built on first use.
-
-    A service without Pub/Sub credentials still starts; its children wait
-    in the outbox for the sweeper.
-    """
-    from eventbus.pubsub.publisher import LazyPublisher, Publisher
-
-    return LazyPublisher(lambda: Publisher.from_settings(settings))
 
 
 def build_service(router: Router, settings: Settings, store: EventStore | None = None, *,
@@ -64,35 +42,13 @@ def build_service(router: Router, settings: Settings, store: EventStore | None =
                   after_success: AfterSuccess | None = None,
                   classifier: Classifier | None = None,
                   telemetry: Telemetry | None = None) -> PushService:
-    """Wire one ``PushService`` from its parts; missing parts come from ``settings``.
-
-    ``after_success`` runs after each SUCCESS with children; when it is not
-    given, it is the inline relay on ``publisher``, unless ``settings.relay_inline``
-    is off. Telemetry is built before the store, so the store's client is
-    instrumented when tracing is on.
-    """
-    telemetry = telemetry or telemetry_from_settings(settings, now=now)
-    store = store if store is not None else default_store(settings)
-    now = now or utcnow
-    if after_success is None and settings.relay_inline:
-        after_success = inline_relay(settings, store, now, publisher, telemetry)
-    processor = Processor(store, router, settings, now, after_success=after_success,
-                          classifier=classifier, telemetry=telemetry)
-    telemetry.watch_outbox(store)
+    """Wire one ``PushService`` from its parts (``eventbus.assembly.assemble``) and the auth."""
+    parts = assemble(router, settings, store, now=now, publisher=publisher,
+                     after_success=after_success, classifier=classifier, telemetry=telemetry)
     authenticator = (Authenticator(settings.auth_audience, settings.auth_service_accounts)
                      if settings.auth_enabled else None)
-    return PushService(settings, store, processor, authenticator)
-
-
-def inline_relay(settings: Settings, store: EventStore, now: Clock,
-                 publisher: MessagePublisher | None = None,
-                 telemetry: Telemetry | None = None) -> Relay:
-    """Return the relay that publishes a parent's children before its push is acked.
-
-    It spends at most ``settings.relay_budget_seconds`` per message.
-    """
-    return Relay(store, publisher or default_publisher(settings), now=now,
-                 budget=settings.relay_budget_seconds, telemetry=telemetry)
+    return PushService(settings, parts.store, parts.processor, authenticator,
+                       telemetry=parts.telemetry)
 
 
 def create_app(router: Router, settings: Settings | None = None,
@@ -112,12 +68,11 @@ def create_app(router: Router, settings: Settings | None = None,
     app = flask.Flask("eventbus")
     app.extensions["eventbus"] = service
     for path in PUSH_PATHS:
-        app.add_url_rule(path, view_func=lambda: service.handle(flask.request),
-                         methods=["POST"], endpoint=f"push{path}")
+        app.add_url_rule(path, view_func=service.view, methods=["POST"], endpoint=f"push{path}")
     app.add_url_rule("/health", view_func=_health, methods=["GET"])
     app.add_url_rule("/ready", view_func=lambda: _ready(service), methods=["GET"])
-    if service.processor.telemetry.metrics_page() is not None:
-        app.add_url_rule("/metrics", view_func=lambda: _metrics(service.processor.telemetry),
+    if service.telemetry.metrics_page() is not None:
+        app.add_url_rule("/metrics", view_func=lambda: _metrics(service.telemetry),
                          methods=["GET"], endpoint="metrics")
     app.register_error_handler(HTTPException, _http_error)
     return app

@@ -23,6 +23,7 @@ from eventbus.pubsub.envelope import parse_delivery
 from eventbus.pubsub.push_auth import Authenticator
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
+from eventbus.telemetry import Telemetry
 from eventbus.web import http_status as status_table
 from eventbus.web import logs
 
@@ -33,10 +34,18 @@ class PushService:
     """Authenticates, parses, processes and logs one push request."""
 
     def __init__(self, settings: Settings, store: EventStore, processor: Processor,
-                 authenticator: Authenticator | None = None) -> None:
+                 authenticator: Authenticator | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.settings, self.store, self.processor = settings, store, processor
         self.authenticator = authenticator
+        self.telemetry = telemetry or Telemetry()
+        # Only tracing reads a request's context through OpenTelemetry's propagators.
+        self._extract = self.telemetry.extract if self.telemetry.tracing else None
         self._indexed = False
+
+    def view(self) -> flask.Response:
+        """The Flask view of the push routes: ``handle`` of the current request."""
+        return self.handle(flask.request)
 
     def handle(self, request: flask.Request) -> flask.Response:
         """Answer one push request; 2xx acks, anything else makes Pub/Sub retry.
@@ -45,7 +54,7 @@ class PushService:
         request id and the trace (the push's, then the message's once known).
         """
         request_id = _request_id(request)
-        trace = (self.processor.telemetry.extract(request.headers)
+        trace = ((self._extract and self._extract(request.headers))
                  or tracecontext.from_headers(request.headers) or tracecontext.new_trace())
         with tracecontext.scope(trace, request_id):
             return self._handle(request, request_id)

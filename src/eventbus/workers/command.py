@@ -1,10 +1,13 @@
-"""``eventbus worker``: the pull worker, on the same app, router and settings as ``main:app``.
+"""``eventbus worker``: the pull worker, on the same router and settings as the push app.
 
-    eventbus worker [--app main:app] [--subscription NAME] [--batch-size 100]
+    eventbus worker [--app handlers:create_router] [--subscription NAME] [--batch-size 100]
                     [--batch-wait-ms 50] [--concurrency N] [--max-messages N]
                     [--max-bytes N] [--rate EVENTS_PER_SECOND]
                     [--lease-extension SECONDS]
 
+``--app`` names the app's ``Router``, a function returning one, or (loading
+Flask with it) an app made by ``create_app``. The worker is built by
+``create_worker`` from that router and the settings: no web app, no Flask.
 Run from the project root (the app is imported from there, as gunicorn does),
 with the service's environment (``MONGODB_URI``, ``PUBSUB_EMULATOR_HOST``,
 ``GOOGLE_CLOUD_PROJECT``, ...; ``.env`` is loaded like every ``eventbus``
@@ -21,11 +24,9 @@ import threading
 from typing import Any
 
 from eventbus.model.errors import StoreUnavailable
-from eventbus.processor import Processor
+from eventbus.model.router import Router
 from eventbus.settings import SettingsError
-from eventbus.workers.batch import BatchRunner
-from eventbus.workers.metrics import WorkerMetrics
-from eventbus.workers.pull import Inbox, PullWorker
+from eventbus.workers.pull import PullWorker, create_worker
 from eventbus.workers.rate import RateLimit
 
 MB = 1024 * 1024
@@ -39,7 +40,9 @@ LEASE_EXTENSION = 60
 def add(commands: Any, positive: Any, load_app: Any) -> None:
     """Register ``worker`` on the ``eventbus`` sub-parsers."""
     worker = commands.add_parser("worker", help="the pull worker: batches from a subscription")
-    worker.add_argument("--app", default="main:app", help="MODULE:ATTR of the service app")
+    worker.add_argument("--app", default="handlers:create_router",
+                        help="MODULE:ATTR of the app's Router, a function returning one, "
+                             "or an app from create_app (default handlers:create_router)")
     worker.add_argument("--subscription",
                         help="default $EVENTBUS_PULL_SUBSCRIPTION, else <topic>-pull")
     worker.add_argument("--batch-size", type=positive, default=100)
@@ -67,42 +70,45 @@ def _rate(text: str) -> float:
     return value
 
 
-def service_of(app: Any, spec: str) -> Any:
-    """The ``PushService`` an app from ``create_app`` carries; ``SettingsError`` if none."""
-    service = getattr(app, "extensions", {}).get("eventbus")
-    if service is None:
-        raise SettingsError(f"{spec!r} is not an app made by eventbus.create_app")
-    return service
+def router_in(found: Any) -> Router | None:
+    """The router ``found`` stands for: a ``Router``, a function returning one, or an app's."""
+    service = getattr(found, "extensions", {}).get("eventbus")
+    if service is not None:
+        found = service.processor.router
+    elif callable(found) and not isinstance(found, Router):
+        found = found()
+    return found if isinstance(found, Router) else None
 
 
-def check_store(service: Any) -> None:
+def router_of(spec: str, load_app: Any) -> Router:
+    """The router ``--app`` names; ``SettingsError`` when it names none."""
+    router = router_in(load_app(spec))
+    if router is None:
+        raise SettingsError(f"{spec!r} is not a Router, a function returning one, "
+                            "or an app made by eventbus.create_app")
+    return router
+
+
+def check_store(worker: PullWorker) -> None:
     """One read, so an unreachable store stops the worker before it pulls anything."""
     try:
-        service.store.get("eventbus-worker-start-check")
+        worker.processor.store.get("eventbus-worker-start-check")
     except StoreUnavailable as exc:
         raise SettingsError(f"the store is unreachable: {exc}") from None
-
-
-def runner_of(service: Any, concurrency: int) -> BatchRunner:
-    """The batch runner on the service's processor (router, settings, relay, telemetry)."""
-    processor: Processor = service.processor
-    return BatchRunner(processor, concurrency=concurrency)
 
 
 def run(args: argparse.Namespace, tools: Any, load_app: Any) -> int:
     """Check, subscribe, and run batches until SIGTERM or Ctrl-C."""
     from eventbus.workers.subscriber import Subscription
 
-    service = service_of(load_app(args.app), args.app)
-    check_store(service)
+    router = router_of(args.app, load_app)
     name = args.subscription or tools.ops.pull_subscription
     subscription = Subscription.open(tools.settings.project_id, name)  # SettingsError if absent
-    worker = PullWorker(runner_of(service, args.concurrency), Inbox(),
-                        subscription=subscription.path, batch_size=args.batch_size,
-                        batch_wait=args.batch_wait_ms / 1000, rate=RateLimit(args.rate),
-                        exactly_once=subscription.exactly_once,
-                        metrics=WorkerMetrics(getattr(service.processor.telemetry, "meter",
-                                                      None)))
+    worker = create_worker(router, tools.settings, subscription=subscription.path,
+                           batch_size=args.batch_size, batch_wait=args.batch_wait_ms / 1000,
+                           concurrency=args.concurrency, rate=RateLimit(args.rate),
+                           exactly_once=subscription.exactly_once)
+    check_store(worker)
     _on_signals(worker.stop)
     print(f"eventbus worker: pulling {subscription.path} (batches of {args.batch_size}"
           f"{', exactly-once' if subscription.exactly_once else ''})", file=tools.err,
@@ -110,7 +116,7 @@ def run(args: argparse.Namespace, tools: Any, load_app: Any) -> int:
     with subscription.streaming(worker.inbox, args.max_messages or 2 * args.batch_size,
                                 args.max_bytes, args.lease_extension):
         counters = worker.run()
-    worker.runner.close()
+    worker.processor.close()
     print(f"eventbus worker: stopped after {counters.batches} batches, {counters.acked} acked, "
           f"{counters.nacked} nacked, {counters.failed_acks} failed acks", file=tools.err)
     return 0

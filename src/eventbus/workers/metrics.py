@@ -1,21 +1,40 @@
-"""The pull worker's own instruments, beside the per-event ones the processor records.
+"""The pull worker's own figures, beside the per-event ones telemetry records.
 
-On the service's OpenTelemetry meter (``Telemetry.meter``, None when metrics
-are off, then nothing is recorded): batch size, the claim's and the finish's
-round-trip latency, and acks an exactly-once subscription refused. Public
-OpenTelemetry API only (``Meter.create_histogram`` / ``create_counter``).
+``WorkerMetrics`` is a processor ``Middleware``: it times each batch's claim
+and finish stages (the store's round trips) and keeps the last batch's
+figures for the worker's log line. On the service's OpenTelemetry meter
+(``OtelTelemetry.meter``; None when metrics are off, then nothing is
+recorded): batch size, the claim's and the finish's latency, and acks an
+exactly-once subscription refused. Public OpenTelemetry API only
+(``Meter.create_histogram`` / ``create_counter``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from eventbus.processor import Item, Middleware
 
-class WorkerMetrics:
-    """Batch figures on ``meter`` (an OpenTelemetry ``Meter``), or nothing without one."""
+
+@dataclasses.dataclass
+class BatchStats:
+    """One batch's figures, for the log line and the bench."""
+
+    size: int = 0
+    claim_seconds: float = 0.0
+    finish_seconds: float = 0.0
+
+
+class WorkerMetrics(Middleware):
+    """Batch figures on ``meter`` (an OpenTelemetry ``Meter``), or only ``last`` without one."""
 
     def __init__(self, meter: Any | None) -> None:
         self.on = meter is not None
+        self.last = BatchStats()
         if meter is None:
             return
         self.size = meter.create_histogram("eventbus.worker.batch.size", "{message}",
@@ -27,12 +46,27 @@ class WorkerMetrics:
         self.failed_acks = meter.create_counter("eventbus.worker.ack.failures", "{ack}",
                                                 "Acks an exactly-once subscription refused")
 
-    def batch(self, size: int, claim_seconds: float, finish_seconds: float) -> None:
-        """Record one batch."""
+    @contextlib.contextmanager
+    def batch(self, items: Sequence[Item]) -> Iterator[None]:
+        """Start the batch's figures; record them when it ends."""
+        self.last = BatchStats(size=len(items))
+        yield
         if self.on:
-            self.size.record(size)
-            self.claim.record(claim_seconds)
-            self.finish.record(finish_seconds)
+            self.size.record(self.last.size)
+            self.claim.record(self.last.claim_seconds)
+            self.finish.record(self.last.finish_seconds)
+
+    @contextlib.contextmanager
+    def stage(self, name: str, items: Sequence[Item]) -> Iterator[None]:
+        """Time the claim and the finish round trips."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if name == "claim":
+                self.last.claim_seconds += time.perf_counter() - started
+            elif name == "finish":
+                self.last.finish_seconds += time.perf_counter() - started
 
     def failed_ack(self) -> None:
         """Count one refused ack."""

@@ -1,5 +1,9 @@
 """The pull worker: StreamingPull into batches, each processed as push would, then acked or nacked.
 
+``create_worker(router, settings, ...)`` builds one from the router and the
+settings alone (``eventbus.assembly``, the same parts as ``create_app``; no
+Flask), and ``eventbus worker`` runs it on a subscription.
+
 **Subscriber.** google-cloud-pubsub's ``SubscriberClient.subscribe``
 (StreamingPull) with ``FlowControl(max_messages, max_bytes)``: the library
 keeps a stream open, extends the ack deadline of every message it holds (so a
@@ -10,7 +14,8 @@ acknowledgements come with it, and a batch is formed from the queue anyway.
 
 **Loop.** Take up to ``batch_size`` messages (waiting at most ``batch_wait``
 for the batch to fill once one has arrived), wait for the rate limit, run the
-batch (``eventbus.workers.batch``), then ack what push would answer 2xx
+batch (``Processor.run``: one claim and one finish for the batch), then ack
+what push would answer 2xx
 (processed, duplicate, rejected, conflict) and nack the rest (retry,
 unavailable, lease lost, in progress): Pub/Sub redelivers with its backoff,
 and the store's redrive is the backstop, exactly as for push.
@@ -34,9 +39,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from eventbus.assembly import assemble
 from eventbus.model.delivery import Delivery
-from eventbus.processor import Result
-from eventbus.workers.batch import BatchRunner
+from eventbus.model.errors import Classifier
+from eventbus.model.router import Router
+from eventbus.processor import Clock, Processor, Result
+from eventbus.pubsub.message import MessagePublisher
+from eventbus.settings import Settings
+from eventbus.store.base import EventStore
+from eventbus.telemetry import Telemetry
+from eventbus.telemetry import from_settings as telemetry_from_settings
 from eventbus.workers.metrics import WorkerMetrics
 from eventbus.workers.rate import RateLimit
 
@@ -121,11 +133,11 @@ class Counters:
 class PullWorker:
     """Runs batches from an ``Inbox`` until ``stop()``; see the module docstring."""
 
-    def __init__(self, runner: BatchRunner, inbox: Inbox, *, subscription: str,
+    def __init__(self, processor: Processor, inbox: Inbox, *, subscription: str,
                  batch_size: int = 100, batch_wait: float = 0.05,
                  rate: RateLimit | None = None, exactly_once: bool = False,
                  metrics: WorkerMetrics | None = None) -> None:
-        self.runner, self.inbox, self.subscription = runner, inbox, subscription
+        self.processor, self.inbox, self.subscription = processor, inbox, subscription
         self.metrics = metrics or WorkerMetrics(None)
         self.batch_size, self.batch_wait = batch_size, batch_wait
         self.rate = rate or RateLimit(None)
@@ -152,14 +164,13 @@ class PullWorker:
         """Process one batch and answer each message."""
         self.rate.wait(len(batch))
         started = time.perf_counter()
-        results = self.runner.run([self.delivery(m) for m in batch])
+        results = self.processor.run([self.delivery(m) for m in batch])
         for message, result in zip(batch, results, strict=True):
             self._answer(message, result, time.perf_counter() - started)
         self.counters.batches += 1
-        stats = self.runner.last
-        self.metrics.batch(stats.size, stats.claim_seconds, stats.finish_seconds)
-        logger.debug("batch of %d: claim %.1f ms, finish %.1f ms, %d leases lost", stats.size,
-                     stats.claim_seconds * 1000, stats.finish_seconds * 1000, stats.lost)
+        stats = self.metrics.last
+        logger.debug("batch of %d: claim %.1f ms, finish %.1f ms", len(batch),
+                     stats.claim_seconds * 1000, stats.finish_seconds * 1000)
         return results
 
     def delivery(self, message: PulledMessage) -> Delivery:
@@ -194,6 +205,29 @@ class PullWorker:
             self.metrics.failed_ack()
             logger.warning("ack of %s failed: %s (a redelivery will be a duplicate)",
                            message.message_id, exc)
+
+
+def create_worker(router: Router, settings: Settings | None = None,
+                  store: EventStore | None = None, *, subscription: str = "",
+                  now: Clock | None = None, publisher: MessagePublisher | None = None,
+                  classifier: Classifier | None = None, telemetry: Telemetry | None = None,
+                  batch_size: int = 100, batch_wait: float = 0.05, concurrency: int = 1,
+                  rate: RateLimit | None = None, exactly_once: bool = False) -> PullWorker:
+    """Return a pull worker for ``router``: the parts ``create_app`` has, without Flask.
+
+    ``subscription`` is the path acks are logged against; ``eventbus worker``
+    opens it and feeds ``worker.inbox``. Missing parts come from ``settings``
+    (default ``Settings.from_env()``), as for the push app.
+    """
+    settings = settings or Settings.from_env()
+    telemetry = telemetry or telemetry_from_settings(settings, now=now)
+    metrics = WorkerMetrics(getattr(telemetry, "meter", None))
+    parts = assemble(router, settings, store, now=now, publisher=publisher,
+                     classifier=classifier, telemetry=telemetry, concurrency=concurrency,
+                     middleware=[metrics])
+    return PullWorker(parts.processor, Inbox(), subscription=subscription,
+                      batch_size=batch_size, batch_wait=batch_wait, rate=rate,
+                      exactly_once=exactly_once, metrics=metrics)
 
 
 def _request_line(message: PulledMessage, result: Result, subscription: str,

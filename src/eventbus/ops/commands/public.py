@@ -25,6 +25,7 @@ from eventbus.model.errors import EventBusError
 from eventbus.model.router import Router
 from eventbus.ops.commands.common import Tools, UsageError, load_app, positive
 from eventbus.ops.render import safe, table
+from eventbus.workers.command import router_in
 
 
 def add(commands: Any) -> None:
@@ -52,15 +53,10 @@ def router_of(spec: str) -> Router:
     own rules apply.
     """
     try:
-        found = load_app(spec)
-        service = getattr(found, "extensions", {}).get("eventbus")
-        if service is not None:
-            found = service.processor.router
-        elif callable(found) and not isinstance(found, Router):
-            found = found()
+        found = router_in(load_app(spec))
     except ContractError as exc:
         raise UsageError(f"the app's public topics are refused: {exc}") from None
-    if not isinstance(found, Router):
+    if found is None:
         raise UsageError(f"{spec!r} is not an eventbus app, a Router, or a function of none "
                          "returning one")
     return found

@@ -1,0 +1,97 @@
+"""The parts a service is made of, wired from settings: for the push app and the pull worker alike.
+
+``assemble(router, settings, ...)`` builds the store (``MONGODB_URI``),
+telemetry (``eventbus.telemetry.from_settings``), the inline outbox relay on
+a lazily built publisher, and the ``Processor`` with telemetry's middleware
+around its stages. ``eventbus.web.app.create_app`` puts a Flask app in front
+of them; ``eventbus.workers.pull.create_worker`` a pull subscription. Nothing
+here imports Flask, so a worker process never loads it.
+
+May import: ``eventbus.processor``, ``eventbus.outbox``, ``eventbus.telemetry``,
+``eventbus.pubsub``, ``eventbus.store``, ``eventbus.model``, ``eventbus.settings``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Sequence
+
+from eventbus.model.errors import Classifier
+from eventbus.model.router import Router
+from eventbus.outbox.relay import Relay
+from eventbus.processor import AfterSuccess, Clock, Middleware, Processor
+from eventbus.pubsub.message import MessagePublisher
+from eventbus.settings import Settings
+from eventbus.store.base import EventStore
+from eventbus.telemetry import Telemetry
+from eventbus.telemetry import from_settings as telemetry_from_settings
+
+
+def utcnow() -> dt.datetime:
+    """Return the current UTC time, timezone-aware: the default clock."""
+    return dt.datetime.now(dt.UTC)
+
+
+def default_store(settings: Settings) -> EventStore:
+    """Return the MongoDB store of ``settings`` (pymongo is imported only here)."""
+    from eventbus.store.mongo import MongoEventStore
+
+    return MongoEventStore.from_settings(settings)
+
+
+def default_publisher(settings: Settings) -> MessagePublisher:
+    """Return a publisher to the settings' topic, built on first use.
+
+    A service without Pub/Sub credentials still starts; its children wait
+    in the outbox for the sweeper.
+    """
+    from eventbus.pubsub.publisher import LazyPublisher, Publisher
+
+    return LazyPublisher(lambda: Publisher.from_settings(settings))
+
+
+def inline_relay(settings: Settings, store: EventStore, now: Clock,
+                 publisher: MessagePublisher | None = None,
+                 telemetry: Telemetry | None = None) -> Relay:
+    """Return the relay that publishes a parent's children before its push is acked.
+
+    It spends at most ``settings.relay_budget_seconds`` per message.
+    """
+    return Relay(store, publisher or default_publisher(settings), now=now,
+                 budget=settings.relay_budget_seconds, telemetry=telemetry)
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """A service's store, processor and telemetry, wired together."""
+
+    store: EventStore
+    processor: Processor
+    telemetry: Telemetry
+
+
+def assemble(router: Router, settings: Settings, store: EventStore | None = None, *,
+             now: Clock | None = None, publisher: MessagePublisher | None = None,
+             after_success: AfterSuccess | None = None, classifier: Classifier | None = None,
+             telemetry: Telemetry | None = None, concurrency: int = 1,
+             middleware: Sequence[Middleware] = ()) -> Parts:
+    """Wire the parts; missing ones come from ``settings``.
+
+    ``after_success`` runs after each SUCCESS with children; when it is not
+    given, it is the inline relay on ``publisher``, unless ``settings.relay_inline``
+    is off. Telemetry is built before the store, so the store's client is
+    instrumented when tracing is on. ``middleware`` wraps the stages after
+    telemetry's (the pull worker's batch figures).
+    """
+    telemetry = telemetry or telemetry_from_settings(settings, now=now)
+    store = store if store is not None else default_store(settings)
+    now = now or utcnow
+    if after_success is None and settings.relay_inline:
+        after_success = inline_relay(settings, store, now, publisher, telemetry)
+    processor = Processor(store, router, settings, now, after_success=after_success,
+                          classifier=classifier,
+                          middleware=[*telemetry.middleware(), *middleware],
+                          concurrency=concurrency)
+    telemetry.watch_outbox(store)
+    return Parts(store, processor, telemetry)

@@ -1,0 +1,365 @@
+"""The state machine as stages over a batch: locate, claim, handle, finish, relay.
+
+``Processor.run(deliveries)`` takes a batch (the pull worker's N, push's one;
+``process(delivery)`` is a batch of one) and runs each stage once over it:
+
+1. **locate** every delivery once (``Intake.locate``); a second delivery of a
+   key already in the batch follows the first one's outcome;
+2. **refuse** what can never run (stored FAILED for good, bounded);
+3. **claim** every routed key in one ``claim_many``;
+4. **handle**: each claimed event's handler (``concurrency`` threads for a
+   batch), under leases the ``Heartbeat`` renews; the outcome waits;
+5. **finish**: one ``finish_many`` stores every outcome; a lease another
+   worker took meanwhile, or children the store refuses, settle the answer;
+6. **relay**: ``after_success`` (the inline relay) for each SUCCESS with
+   children, once its parent is stored.
+
+A store that cannot be reached leaves every undecided item UNAVAILABLE. The
+stages make no telemetry calls: observers are ``Middleware`` around them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from eventbus.correlation import tracecontext
+from eventbus.guard import Guard
+from eventbus.model.context import Context
+from eventbus.model.delivery import Delivery
+from eventbus.model.errors import (
+    AttemptCapReached,
+    Classification,
+    Classifier,
+    ContentRejected,
+    StoreUnavailable,
+)
+from eventbus.model.outcome import Outcome
+from eventbus.model.router import Router
+from eventbus.processor.heartbeat import Heartbeat, Lease
+from eventbus.processor.intake import Intake, Located
+from eventbus.processor.middleware import Middleware
+from eventbus.processor.rejections import Rejections, brief, existing
+from eventbus.processor.work import Item, Pending, Result
+from eventbus.settings import Settings
+from eventbus.store import documents
+from eventbus.store.base import EventStore, Finish
+
+logger = logging.getLogger("eventbus")
+
+AfterSuccess = Callable[[str, Sequence[Mapping[str, Any]]], None]
+_NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+class Clock(Protocol):
+    """Returns the current time, timezone-aware; tests pass a fake to move time."""
+
+    def __call__(self) -> datetime:
+        """Return the current time."""
+        ...
+
+
+class Processor:
+    """Runs batches of deliveries through the state machine against a store and a router."""
+
+    def __init__(self, store: EventStore, router: Router, settings: Settings, now: Clock,
+                 after_success: AfterSuccess | None = None,
+                 classifier: Classifier | None = None, heartbeat: Heartbeat | None = None,
+                 middleware: Sequence[Middleware] = (), concurrency: int = 1) -> None:
+        self.store, self.router, self.settings, self.now = store, router, settings, now
+        router.check()  # a forward of an internal or unhandled type stops the app here
+        self.after_success, self.middleware = after_success, tuple(middleware)
+        self.classifier = classifier or Classifier()
+        self.guard = Guard(store, lease=store.lease, now=now)
+        self.intake, self.rejections = Intake(store, router), Rejections(store, now)
+        self.heartbeat = heartbeat or Heartbeat(store, now=now)
+        self.concurrency = max(1, concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def locate(self, delivery: Delivery) -> Located:
+        """Return the key and record fields ``delivery`` gets (see ``Intake.locate``)."""
+        return self.intake.locate(delivery)
+
+    def process(self, delivery: Delivery, request_id: str = "") -> Result:
+        """Process one delivery (a batch of one); never raises for anything it holds."""
+        return self.run([delivery], request_id)[0]
+
+    def run(self, deliveries: Sequence[Delivery], request_id: str = "") -> list[Result]:
+        """Process ``deliveries``: one ``Result`` each, in order; never raises for a message."""
+        items = [Item(delivery, request_id or uuid.uuid4().hex) for delivery in deliveries]
+        # Log lines group by the message's trace (a batch: each handler's own).
+        scope = tracecontext.adopt(tracecontext.message_trace(deliveries[0].attributes),
+                                   items[0].request_id) if len(items) == 1 else None
+        try:
+            with self._observed(items):
+                self._stages(items)
+        finally:
+            tracecontext.leave(scope)
+        return [item.result or _unavailable("no result") for item in items]
+
+    def close(self) -> None:
+        """Stop the handler threads of batches (after the batch in flight)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # -- the stages -------------------------------------------------------------------
+    def _stages(self, items: list[Item]) -> None:
+        try:
+            self._locate(items)
+            self._refuse(items)
+            self._handle(self._claim(items), alone=len(items) == 1)
+        except StoreUnavailable as exc:
+            logger.warning("store unavailable: %s", exc)
+            for item in items:
+                if item.open:
+                    item.decide(_unavailable(type(exc).__name__))
+        self._relay(items)
+        for item in items:
+            if item.leader is not None:
+                item.decide(_follow(item.leader.result or _unavailable("no result")))
+
+    def _locate(self, items: list[Item]) -> None:
+        first: dict[str, Item] = {}
+        for item in items:
+            item.located = self.intake.locate(item.delivery)
+            if item.routed:
+                leader = first.setdefault(item.key, item)
+                item.leader = None if leader is item else leader
+
+    def _refuse(self, items: list[Item]) -> None:
+        refused = [item for item in items if item.located and item.located.error]
+        if refused:
+            with self._around("finish", refused):
+                for item in refused:
+                    assert item.located is not None and item.located.error is not None
+                    item.decide(self.rejections.reject(item.located, item.located.error))
+
+    def _claim(self, items: list[Item]) -> list[Item]:
+        wanted = [item for item in items if item.open and item.routed]
+        if not wanted:
+            return []
+        with self._around("claim", wanted):
+            batch = self.store.claim_many({item.key: _fields(item) for item in wanted},
+                                          self.now())
+        for item in wanted:
+            item.claim = batch.taken.get(item.key)
+            if item.claim is None:
+                item.decide(self._not_taken(item, batch.records.get(item.key),
+                                            item.key in batch.refused))
+        return [item for item in wanted if item.claim is not None]
+
+    def _not_taken(self, item: Item, record: Mapping[str, Any] | None,
+                   refused: bool) -> Result:
+        assert item.located is not None
+        if refused:
+            return self.rejections.refuse_content(item.located)
+        if record is None:  # taken and gone meanwhile: ask again later
+            return Result(Outcome.IN_PROGRESS, key=item.key, event_type=item.event_type)
+        if documents.conflicts(record, item.located.fingerprint):
+            return self.rejections.conflict(item.located, record)
+        return existing(record, item.located)
+
+    def _handle(self, claimed: list[Item], alone: bool) -> None:
+        if not claimed:
+            return
+        owners = {item.key: item.claim.owner for item in claimed if item.claim is not None}
+        with self.heartbeat.hold(owners) as leases:
+            if len(claimed) > 1 and self.concurrency > 1:
+                list(self._threads().map(lambda item: self._run(item, leases[item.key], alone),
+                                         claimed))
+            else:
+                for item in claimed:
+                    self._run(item, leases[item.key], alone)
+            self._finish(claimed)
+
+    def _finish(self, claimed: list[Item]) -> None:
+        waiting = [item for item in claimed if item.open and item.pending is not None]
+        if not waiting:
+            return
+        with self._around("finish", waiting):
+            done = self.store.finish_many([_pending(item).finish for item in waiting],
+                                          self.now())
+        for item in waiting:
+            pending = _pending(item)
+            if item.key in done.lost:
+                item.decide(_lease_lost(item))
+            elif item.key in done.refused:
+                item.decide(self._refused_children(item))
+            else:
+                if pending.log is not None:
+                    logger.log(*pending.log)
+                item.decide(pending.result)
+
+    def _relay(self, items: list[Item]) -> None:
+        hook = self.after_success
+        sent = [item for item in items if hook is not None and item.leader is None
+                and item.result is not None and item.result.outcome is Outcome.PROCESSED
+                and item.pending is not None and item.pending.finish.outbox]
+        if hook is None or not sent:
+            return
+        with self._around("relay", sent):
+            for item in sent:
+                _run_hook(hook, item.key, _pending(item).finish.outbox)
+
+    # -- one handler ------------------------------------------------------------------
+    def _run(self, item: Item, lease: Lease, alone: bool) -> None:
+        assert item.claim is not None and item.located is not None
+        if self._attempts_used(item) > self.settings.max_attempts:
+            item.pending = self._failure(item, AttemptCapReached("attempt cap reached"))
+            return
+        route = item.located.route
+        assert route is not None
+        try:
+            context = self._context(item)
+            with self._handler_scope(item, alone) as carried:
+                route.handler(context)
+        except Exception as exc:  # classified below: unknown means transient
+            item.pending = self._failure(item, exc)
+            return
+        if lease.lost:
+            item.decide(_lease_lost(item))
+            return
+        item.pending = self._success(item, context, carried)
+
+    def _attempts_used(self, item: Item) -> int:
+        # A replay grants a fresh set of attempts: count from where it started.
+        assert item.claim is not None
+        since = (item.claim.previous or {}).get("replayed_at_attempt", 0)
+        return item.claim.attempt - (since if isinstance(since, int) else 0)
+
+    def _context(self, item: Item) -> Context:
+        located, claim = item.located, item.claim
+        assert located is not None and located.route is not None and located.event is not None
+        assert claim is not None
+        log = logging.LoggerAdapter(logger, {"requestId": item.request_id,
+                                             "idempotency_key": located.key})
+        return Context(event=located.route.upcast(located.event), key=located.key,
+                       attempt=claim.attempt, delivery=located.delivery, log=log,
+                       db=self.store.database, now=self.now, root_key=located.root_key,
+                       guard=self.guard)
+
+    def _handler_scope(self, item: Item,
+                       alone: bool) -> contextlib.AbstractContextManager[Mapping[str, str] | None]:
+        # A delivery alone runs under its message's trace since ``run``; in a
+        # batch, each handler adopts its own message's trace for its log lines.
+        if alone and not self.middleware:
+            return _NOTHING
+        return self._scoped(item, alone)
+
+    @contextlib.contextmanager
+    def _scoped(self, item: Item, alone: bool) -> Iterator[Mapping[str, str] | None]:
+        with contextlib.ExitStack() as stack:
+            if not alone:
+                stack.enter_context(tracecontext.adopted(
+                    tracecontext.message_trace(item.delivery.attributes), item.request_id))
+            carried: Mapping[str, str] | None = None
+            for middleware in self.middleware:
+                carried = stack.enter_context(middleware.handler(item)) or carried
+            yield carried
+
+    def _success(self, item: Item, context: Context,
+                 carried: Mapping[str, str] | None) -> Pending:
+        assert item.claim is not None
+        key, created = item.key, documents.bson_time(self.now())
+        outbox: list[dict[str, Any]] = [child.to_document(key, context.root_key, created)
+                                        for child in context.children]
+        outbox += self.router.forwards.entries(context.event, key, context.root_key, created,
+                                               (item.claim.previous or {}).get("outbox", ()))
+        outbox = tracecontext.stamp(outbox, carried)
+        return Pending(Finish(key, item.claim.owner, outbox=tuple(outbox)),
+                       Result(Outcome.PROCESSED, key=key, event_type=item.event_type,
+                              attempt=item.claim.attempt, children=len(context.children)))
+
+    def _failure(self, item: Item, exc: Exception) -> Pending:
+        assert item.claim is not None
+        kind = self.classifier.classify(exc)
+        # A write the store refuses for its content (too large, a value it
+        # cannot hold), the record's or a handler's own, fails the same way on
+        # every retry: FAILED for good with the reason, not 503 until the cap.
+        content = isinstance(exc, ContentRejected) or documents.refuses_content(exc)
+        final = kind is Classification.PERMANENT or content
+        capped = self._attempts_used(item) >= self.settings.max_attempts and not final
+        label = "attempt_cap" if capped else "content" if content else kind.value
+        redrive_at = self.now() + timedelta(seconds=self.settings.redrive_after_seconds)
+        finish = Finish(item.key, item.claim.owner,
+                        error=documents.error_document(exc, label),
+                        retryable=not (final or capped), redrive_at=redrive_at)
+        outcome = Outcome.REJECTED if final or capped else Outcome.RETRY
+        level = logging.ERROR if outcome is Outcome.REJECTED else logging.WARNING
+        return Pending(finish, Result(outcome, key=item.key, event_type=item.event_type,
+                                      attempt=item.claim.attempt, error=brief(exc)),
+                       (level, f"{label} on {item.key} attempt {item.claim.attempt}: {exc}"))
+
+    def _refused_children(self, item: Item) -> Result:
+        # The store refused the children's content: a handler bug, FAILED for
+        # good (the store wrote that in the same finish), acked.
+        assert item.claim is not None
+        logger.error("content on %s attempt %d: the store refused the children",
+                     item.key, item.claim.attempt)
+        return Result(Outcome.REJECTED, key=item.key, event_type=item.event_type,
+                      attempt=item.claim.attempt, error=ContentRejected.__name__)
+
+    # -- around the stages ------------------------------------------------------------
+    def _observed(self, items: list[Item]) -> contextlib.AbstractContextManager[Any]:
+        if not self.middleware:
+            return _NOTHING
+        stack = contextlib.ExitStack()
+        for middleware in self.middleware:
+            stack.enter_context(middleware.batch(items))
+        return stack
+
+    def _around(self, stage: str, items: list[Item]) -> contextlib.AbstractContextManager[Any]:
+        if not self.middleware:
+            return _NOTHING
+        stack = contextlib.ExitStack()
+        for middleware in self.middleware:
+            stack.enter_context(middleware.stage(stage, items))
+        return stack
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eventbus-batch")
+        return self._pool
+
+
+def _fields(item: Item) -> Mapping[str, Any]:
+    assert item.located is not None
+    return item.located.fields
+
+
+def _pending(item: Item) -> Pending:
+    assert item.pending is not None
+    return item.pending
+
+
+def _unavailable(error: str) -> Result:
+    return Result(Outcome.UNAVAILABLE, error=error)
+
+
+def _follow(result: Result) -> Result:
+    """A second delivery of a key in one batch: acked as a duplicate, or nacked as the first."""
+    return dataclasses.replace(result, outcome=Outcome.DUPLICATE) if result.outcome.acked \
+        else result
+
+
+def _lease_lost(item: Item) -> Result:
+    # Another worker holds the record now and decides its outcome; answering
+    # 503 lets the broker ask again instead of acking what this worker did.
+    logger.warning("lease on %s was lost before the outcome was stored", item.key)
+    return Result(Outcome.LEASE_LOST, key=item.key, event_type=item.event_type,
+                  attempt=item.claim.attempt if item.claim else 0, error="LeaseLost")
+
+
+def _run_hook(hook: AfterSuccess, key: str, outbox: Sequence[Mapping[str, Any]]) -> None:
+    # SUCCESS is stored: whatever the hook does, the message is processed and
+    # must be acked; the outbox keeps what the hook did not finish.
+    try:
+        hook(key, outbox)
+    except Exception:
+        logger.exception("after_success hook failed for %s; left to the sweeper", key)
