@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Sequence
 
 from eventbus.model.errors import Classifier
@@ -29,7 +30,7 @@ from eventbus.telemetry import from_settings as telemetry_from_settings
 
 
 def utcnow() -> dt.datetime:
-    """Return the current UTC time, timezone-aware: the default clock."""
+    """Return the current UTC time, timezone-aware (the default clock is this, unwrapped)."""
     return dt.datetime.now(dt.UTC)
 
 
@@ -86,7 +87,7 @@ def assemble(router: Router, settings: Settings, store: EventStore | None = None
     """
     telemetry = telemetry or telemetry_from_settings(settings, now=now)
     store = store if store is not None else default_store(settings)
-    now = now or utcnow
+    now = now or functools.partial(dt.datetime.now, dt.UTC)
     if after_success is None and settings.relay_inline:
         after_success = inline_relay(settings, store, now, publisher, telemetry)
     processor = Processor(store, router, settings, now, after_success=after_success,

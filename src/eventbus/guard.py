@@ -31,7 +31,8 @@ from typing import Any, Protocol
 from eventbus.store.base import Record
 from eventbus.store.documents import error_document
 
-Effect = Callable[[], Mapping[str, Any]]
+Effect = Callable[[], Mapping[str, Any] | None]
+"""A side effect; what it returns (a mapping, or None for nothing) is stored as its result."""
 
 
 class GuardStore(Protocol):
@@ -75,7 +76,7 @@ class Guard:
         if done is not None:
             return Guarded(key, dict(done.get("result") or {}), skipped=True)
         try:
-            result = dict(effect())
+            result = dict(effect() or {})
         except BaseException as exc:
             # Guarded by the owner: a worker whose lease ran out must not undo
             # the state that the lease's next holder wrote.

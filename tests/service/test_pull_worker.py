@@ -256,3 +256,110 @@ def test_whatever_a_batch_holds_every_message_is_answered_and_none_is_lost(
         else:
             assert result.outcome.value in ("retry", "unavailable", "in_progress")
     assert batch[-1].answer == "ack"
+
+
+def mixed_router(store_of: Callable[[], MemoryEventStore]) -> Any:
+    from eventbus.model.router import Router
+
+    routes = Router()
+
+    @routes.handler("TEST")
+    def handle(context: Context) -> None:
+        n = context.event.entity_data["n"]
+        if n == 1:
+            context.emit("CHILD", {"of": n})
+        elif n == 5:
+            raise ConnectionError("partner down")  # transient
+        elif n == 6:
+            raise PermanentError("no such order")
+        elif n == 7:  # another worker takes the lease meanwhile
+            later = NOW + store_of().lease + dt.timedelta(seconds=1)
+            store_of().claim(context.key, {"payload_fingerprint": ""}, later)
+
+    routes.handler("CHILD", internal=True)(lambda context: None)
+    return routes
+
+
+def mixed_batch() -> list[FakeMessage]:
+    conflicting = message(3, changed=True)  # the key k-3, another payload
+    return [message(1), message(2), conflicting, FakeMessage(b"{not json", {}, "m-poison"),
+            message(5), message(6), message(7), message(1), message(8)]
+
+
+def run_mixed(as_batch: bool) -> tuple[list[str], list[str]]:
+    stores: list[MemoryEventStore] = []
+    store = MemoryEventStore(lease=dt.timedelta(seconds=30))
+    stores.append(store)
+    processor = Processor(store, mixed_router(lambda: stores[0]), Settings(max_attempts=5),
+                          FakeClock(NOW), concurrency=3)
+    worker = PullWorker(processor, Inbox(), subscription="s")
+    for earlier in (message(2), message(3)):  # a duplicate and a taken key, stored before
+        processor.process(worker.delivery(earlier))
+    deliveries = [worker.delivery(m) for m in mixed_batch()]
+    results = processor.run(deliveries) if as_batch else [processor.process(d)
+                                                          for d in deliveries]
+    statuses = [str((store.get(r.key) or {}).get("event_status")) for r in results]
+    return [r.outcome.value for r in results], statuses
+
+
+def test_a_batch_of_mixed_outcomes_gives_each_message_what_push_gives_it_alone() -> None:
+    alone, batch = run_mixed(as_batch=False), run_mixed(as_batch=True)
+    assert batch == alone
+    assert batch[0] == ["processed", "duplicate", "conflict", "rejected", "retry", "rejected",
+                        "lease_lost", "duplicate", "processed"]
+    assert batch[1][:7] == ["SUCCESS", "SUCCESS", "SUCCESS", "FAILED", "FAILED", "FAILED",
+                            "PROCESSING"]
+
+
+class FinishDownStore(MemoryEventStore):
+    """Claims work; storing outcomes does not (the store went away mid-batch)."""
+
+    def finish_many(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("finish batch: ServerSelectionTimeoutError")
+
+
+@pytest.mark.parametrize("as_batch", [False, True])
+def test_a_store_that_fails_at_finish_leaves_the_claimed_events_unavailable(
+        as_batch: bool) -> None:
+    s = setup(store=FinishDownStore(lease=dt.timedelta(seconds=30)))
+    poison = FakeMessage(b"{not json", {}, "m-poison")
+    batch = [message(1), message(2), poison]
+    deliveries = [s.worker.delivery(m) for m in batch]
+    processor = s.worker.processor
+    results = processor.run(deliveries) if as_batch else [processor.process(d)
+                                                          for d in deliveries]
+    assert [r.outcome.value for r in results] == ["unavailable", "unavailable", "rejected"]
+    assert s.relayed == []  # nothing relayed for an outcome that was never stored
+    keys = [processor.locate(d).key for d in deliveries[:2]]
+    assert [(s.store.get(key) or {}).get("event_status") for key in keys] == [
+        "PROCESSING", "PROCESSING"]  # the lease runs out; redelivery or the redrive finishes
+
+
+WORKER_WITHOUT_FLASK = """
+import sys
+from eventbus import create_worker
+from eventbus.ops.commands.common import load_app
+from eventbus.settings import Settings
+from eventbus.store.memory import MemoryEventStore
+from eventbus.workers.command import router_of
+
+router = router_of("handlers:create_router", load_app)
+worker = create_worker(router, Settings(), store=MemoryEventStore(), subscription="s")
+loaded = sorted(name for name in sys.modules if name.split(".")[0] in ("flask", "werkzeug"))
+assert loaded == [], loaded
+assert "eventbus.web" not in sys.modules, "the worker built a web layer"
+print(type(worker.processor).__name__, len(worker.processor.router.event_types()))
+"""
+
+
+def test_a_worker_process_never_imports_flask() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", WORKER_WITHOUT_FLASK], capture_output=True,
+                          text=True, cwd=root, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    name, types = done.stdout.split()
+    assert name == "Processor" and int(types) > 3  # the partner app's routes are all there

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from eventbus.guard import Guard
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent, PublishError
@@ -29,6 +30,7 @@ from eventbus.ops import cli, specs
 from eventbus.outbox.relay import outbox_message
 from eventbus.pubsub.message import build_event, build_message, message_attributes
 from eventbus.store.documents import entry_filter, error_document, failed_update, published_update
+from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import CapturingPublisher
 
 META = EntityMetadata("p1", "order-1", "Order", "Partner One")
@@ -39,7 +41,8 @@ NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 def context(key: str = "parent") -> Context:
     return Context(event=Event("OR_MGMT", "v2", "IN", META, {}), key=key, attempt=1,
                    delivery=Delivery(b"", {}), log=logging.LoggerAdapter(logging.getLogger()),
-                   db=None, now=lambda: NOW, root_key="root")
+                   db=None, now=lambda: NOW, root_key="root",
+                   guard=Guard(MemoryEventStore(), lease=dt.timedelta(seconds=20), now=lambda: NOW))
 
 
 # --- emit ---------------------------------------------------------------------------------

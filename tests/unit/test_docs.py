@@ -48,3 +48,20 @@ def test_every_dotted_name_in_the_docs_exists(doc: Path) -> None:
 def test_every_repository_path_in_the_docs_exists(doc: Path) -> None:
     paths = sorted(set(PATHS.findall(doc.read_text())))
     assert [path for path in paths if not (ROOT / path).exists()] == []
+
+
+def test_the_readme_service_type_checks_under_strict_mypy(tmp_path: Path) -> None:
+    # The README's service is what a newcomer copies first: `context.guard` is a
+    # `Guard` (never None) and a guarded effect may return nothing.
+    import re
+    import subprocess
+    import sys
+
+    text = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "create_app" in b]
+    source = tmp_path / "readme_service.py"
+    source.write_text("def send_receipt(data: object) -> None: ...\n\n\n" + block)
+    done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                           str(source)], capture_output=True, text=True, cwd=ROOT, check=False,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout

@@ -36,8 +36,6 @@ def create_router(send: Sender) -> Router:
     def on_receipt_send(context: Context) -> None:
         """Send the receipt at most once per event key."""
         receipt = dict(context.event.entity_data)
-        if context.guard is None:
-            raise RuntimeError("needs the processor's side-effect guard")
         context.guard.run(context.key, lambda: {"message_id": send(receipt)})
 
     return routes

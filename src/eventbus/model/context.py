@@ -82,8 +82,8 @@ class Context:
     log: logging.LoggerAdapter[logging.Logger]
     db: Any
     now: Callable[[], datetime]
+    guard: Guard
     root_key: str = ""
-    guard: Guard | None = None
     children: list[Child] = dataclasses.field(default_factory=list)
 
     def emit(self, event_type: str, data: Mapping[str, Any], *,

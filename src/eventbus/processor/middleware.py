@@ -23,6 +23,10 @@ from eventbus.processor.work import Item
 class Middleware:
     """The default hooks do nothing; subclasses override what they observe."""
 
+    scopes_logs = False
+    """True when the hooks put each message's log lines under its own span (tracing):
+    the processor then leaves the log scope to them."""
+
     @contextlib.contextmanager
     def batch(self, items: Sequence[Item]) -> Iterator[None]:
         """Wrap the processing of ``items``."""

@@ -75,6 +75,7 @@ class Processor:
         self.store, self.router, self.settings, self.now = store, router, settings, now
         router.check()  # a forward of an internal or unhandled type stops the app here
         self.after_success, self.middleware = after_success, tuple(middleware)
+        self._span_scoped = any(hook.scopes_logs for hook in self.middleware)
         self.classifier = classifier or Classifier()
         self.guard = Guard(store, lease=store.lease, now=now)
         self.intake, self.rejections = Intake(store, router), Rejections(store, now)
@@ -93,9 +94,11 @@ class Processor:
     def run(self, deliveries: Sequence[Delivery], request_id: str = "") -> list[Result]:
         """Process ``deliveries``: one ``Result`` each, in order; never raises for a message."""
         items = [Item(delivery, request_id or uuid.uuid4().hex) for delivery in deliveries]
-        # Log lines group by the message's trace (a batch: each handler's own).
+        # Log lines group by the message's trace (a batch: each handler's own),
+        # unless a middleware scopes them to the message's span.
         scope = tracecontext.adopt(tracecontext.message_trace(deliveries[0].attributes),
-                                   items[0].request_id) if len(items) == 1 else None
+                                   items[0].request_id) \
+            if len(items) == 1 and not self._span_scoped else None
         try:
             with self._observed(items):
                 self._stages(items)
@@ -117,17 +120,19 @@ class Processor:
         except StoreUnavailable as exc:
             logger.warning("store unavailable: %s", exc)
             for item in items:
-                if item.open:
-                    item.decide(_unavailable(type(exc).__name__))
+                if _undecided(item):
+                    item.result = _unavailable(type(exc).__name__)
         self._relay(items)
         for item in items:
             if item.leader is not None:
-                item.decide(_follow(item.leader.result or _unavailable("no result")))
+                item.result = _follow(item.leader.result or _unavailable("no result"))
 
     def _locate(self, items: list[Item]) -> None:
         first: dict[str, Item] = {}
         for item in items:
-            item.located = self.intake.locate(item.delivery)
+            item.located = located = self.intake.locate(item.delivery)
+            item.key, item.routed = located.key, located.error is None
+            item.event_type = located.event.event_type if located.event is not None else ""
             if item.routed:
                 leader = first.setdefault(item.key, item)
                 item.leader = None if leader is item else leader
@@ -138,10 +143,10 @@ class Processor:
             with self._around("finish", refused):
                 for item in refused:
                     assert item.located is not None and item.located.error is not None
-                    item.decide(self.rejections.reject(item.located, item.located.error))
+                    item.result = self.rejections.reject(item.located, item.located.error)
 
     def _claim(self, items: list[Item]) -> list[Item]:
-        wanted = [item for item in items if item.open and item.routed]
+        wanted = [item for item in items if _undecided(item) and item.routed]
         if not wanted:
             return []
         with self._around("claim", wanted):
@@ -150,8 +155,8 @@ class Processor:
         for item in wanted:
             item.claim = batch.taken.get(item.key)
             if item.claim is None:
-                item.decide(self._not_taken(item, batch.records.get(item.key),
-                                            item.key in batch.refused))
+                item.result = self._not_taken(item, batch.records.get(item.key),
+                                              item.key in batch.refused)
         return [item for item in wanted if item.claim is not None]
 
     def _not_taken(self, item: Item, record: Mapping[str, Any] | None,
@@ -179,7 +184,7 @@ class Processor:
             self._finish(claimed)
 
     def _finish(self, claimed: list[Item]) -> None:
-        waiting = [item for item in claimed if item.open and item.pending is not None]
+        waiting = [item for item in claimed if _undecided(item) and item.pending is not None]
         if not waiting:
             return
         with self._around("finish", waiting):
@@ -188,13 +193,13 @@ class Processor:
         for item in waiting:
             pending = _pending(item)
             if item.key in done.lost:
-                item.decide(_lease_lost(item))
+                item.result = _lease_lost(item)
             elif item.key in done.refused:
-                item.decide(self._refused_children(item))
+                item.result = self._refused_children(item)
             else:
                 if pending.log is not None:
                     logger.log(*pending.log)
-                item.decide(pending.result)
+                item.result = pending.result
 
     def _relay(self, items: list[Item]) -> None:
         hook = self.after_success
@@ -223,7 +228,7 @@ class Processor:
             item.pending = self._failure(item, exc)
             return
         if lease.lost:
-            item.decide(_lease_lost(item))
+            item.result = _lease_lost(item)
             return
         item.pending = self._success(item, context, carried)
 
@@ -326,6 +331,11 @@ class Processor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eventbus-batch")
         return self._pool
+
+
+def _undecided(item: Item) -> bool:
+    """True while no stage has decided the item's result (nor follows another's)."""
+    return item.result is None and item.leader is None
 
 
 def _fields(item: Item) -> Mapping[str, Any]:

@@ -119,6 +119,7 @@ class StageTelemetry(Middleware):
 
     def __init__(self, telemetry: Observing) -> None:
         self.telemetry = telemetry
+        self.scopes_logs = telemetry.tracer is not None
 
     @contextlib.contextmanager
     def batch(self, items: Sequence[Item]) -> Iterator[None]:

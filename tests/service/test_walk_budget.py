@@ -1,0 +1,85 @@
+"""The walk of one push: how much of the library one message runs, held under a budget.
+
+Beside the round-trip budget (``test_round_trips_mongo.py``): one push of an
+event that emits one child, on the in-memory store with telemetry off and the
+inline relay publishing the child, profiled with ``sys.setprofile``. Counted:
+the files under ``src/eventbus`` in which a Python function ran, and those
+calls. The budget fails a change that makes the walk grow back unnoticed;
+lower it when a change shortens the walk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from eventbus import Router, create_app
+from eventbus.pubsub.message import build_event
+from eventbus.settings import Settings
+from eventbus.store.memory import MemoryEventStore
+
+LIBRARY = str(Path(__file__).resolve().parents[2] / "src" / "eventbus") + "/"
+ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
+FILES_BUDGET = 24
+"""Measured 24 on 2026-11-25 (25 before the one-pipeline change, the relay's publisher aside)."""
+CALLS_BUDGET = 430
+"""Measured 417 on 2026-11-25 (about 430 before)."""
+
+
+class Publisher:
+    """A publisher outside the library, so only the library's own code is counted."""
+
+    def __init__(self) -> None:
+        self.sent: list[Mapping[str, str]] = []
+
+    def publish_message(self, data: bytes, attributes: Mapping[str, str] | None = None, *,
+                        ordering_key: str | None = None, timeout: float | None = None,
+                        topic: str | None = None) -> str:
+        self.sent.append(dict(attributes or {}))
+        return f"id-{len(self.sent)}"
+
+
+def push_body(number: int) -> dict[str, Any]:
+    data = json.dumps(build_event("PARENT", {"n": number}, entity=ENTITY).to_document())
+    return {"message": {"data": base64.b64encode(data.encode()).decode(),
+                        "messageId": f"m-{number}",
+                        "attributes": {"event_type": "PARENT", "event_version": "v1"}},
+            "subscription": "projects/p/subscriptions/s"}
+
+
+def walk() -> tuple[Counter[str], int, Publisher]:
+    routes = Router()
+    routes.handler("PARENT")(lambda context: context.emit("CHILD", {}))
+    routes.handler("CHILD", internal=True)(lambda context: None)
+    publisher = Publisher()
+    client = create_app(routes, Settings(), store=MemoryEventStore(),
+                        publisher=publisher).test_client()
+    client.post("/", json=push_body(1))  # warm up: imports, indexes, the heartbeat thread
+    files: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(LIBRARY):
+            files[frame.f_code.co_filename.removeprefix(LIBRARY)] += 1
+
+    sys.setprofile(profile)
+    try:
+        answer = client.post("/", json=push_body(2))
+    finally:
+        sys.setprofile(None)
+    assert answer.status_code == 200 and answer.json["outcome"] == "processed"
+    return files, sum(files.values()), publisher
+
+
+def test_one_push_with_a_child_stays_within_its_walk_budget() -> None:
+    files, calls, publisher = walk()
+    assert len(publisher.sent) == 2  # both pushes' children were relayed inline
+    assert "processor/pipeline.py" in files and "store/memory.py" in files  # it saw the push
+    assert not any(name.startswith(("telemetry/", "web/app.py", "workers/")) for name in files)
+    assert len(files) <= FILES_BUDGET, sorted(files)
+    assert calls <= CALLS_BUDGET, files.most_common(10)
