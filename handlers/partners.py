@@ -5,14 +5,18 @@ so each call runs inside ``context.guard`` (seed 004's "Idempotence For Side
 Effects": key check, lease, call, key set), with the key in an
 ``Idempotency-Key`` header so a partner that deduplicates can do so too.
 
-The partner's answer is classified and recorded on the guard record:
+The partner's answer is classified by its status and recorded on the guard
+record. Its body is read with ``eventbus.deadline``'s cap (1 MiB): a longer
+body is cut there, and the answer is still classified by its status (which
+came whole), as it was when such a body was read to the end:
 
 * 2xx → the key is set for good (SUCCESS with ``status_code``);
 * 408, 429, 5xx, other non-4xx answers, network errors and timeouts →
   ``PartnerUnavailable`` (transient): the event is retried;
   ``timeout`` is the whole call's deadline (connect, send and every read of
   the answer, ``eventbus.deadline``), so a partner that trickles its answer
-  cannot hold the request thread, or the event's lease, past it;
+  (over a kept-alive or a closing connection alike) cannot hold the request
+  thread, or the event's lease, past it;
 * any other 4xx → ``PartnerRejected`` (permanent): stored FAILED for good.
 
 **The ``Idempotency-Key`` header** (``idempotency_header``) is the event key
@@ -135,20 +139,25 @@ class PartnerClient:
         return {"status_code": self._call(key, target, body), "url": target}
 
     def _call(self, key: str, url: str, body: Mapping[str, Any]) -> int:
-        headers = {"Idempotency-Key": idempotency_header(key)}
+        status = self._post(url, {"Idempotency-Key": idempotency_header(key)}, body)
+        kind = classify_status(status)
+        if kind != "delivered":
+            error = f"partner answered {status} at {url}"
+            raise (PartnerRejected if kind == "permanent" else PartnerUnavailable)(error)
+        return status
+
+    def _post(self, url: str, headers: dict[str, str], body: Mapping[str, Any]) -> int:
         try:
             with contextlib.ExitStack() as stack:
                 http = self.session or stack.enter_context(deadline.session())
                 response = deadline.request(http, "POST", url, total=self.timeout, json=dict(body),
                                             headers=headers, allow_redirects=False)
+        except deadline.AnswerTooLarge as exc:
+            return exc.status_code  # the status came whole; the notifier reads no body
         except _UNSENDABLE as exc:
             raise PartnerRejected(f"partner call to {url} cannot be sent: "
                                   f"{type(exc).__name__}: {exc}") from exc
         except requests.RequestException as exc:
             raise PartnerUnavailable(f"partner call to {url} failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
-        kind = classify_status(response.status_code)
-        if kind != "delivered":
-            error = f"partner answered {response.status_code} at {url}"
-            raise (PartnerRejected if kind == "permanent" else PartnerUnavailable)(error)
         return response.status_code

@@ -10,6 +10,7 @@ its effect, is tested at the end.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import socket
 import time
@@ -22,6 +23,7 @@ from eventbus.model.errors import LeaseHeld, TransientError
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from handlers.partners import PartnerClient, PartnerRejected, PartnerUnavailable, classify_status
+from tests import hostile_server as hostile
 from tests.partner_server import PartnerServer, Slow, Trickle
 
 KEY = "order-1:OR_MGMT:abc/0:PARTNER_NOTIFY"
@@ -121,6 +123,39 @@ def test_a_trickling_partner_ends_within_the_total_deadline_and_is_retried(
     assert failed["status"] == "FAILED" and failed["error"]["classification"] == "transient"
     assert (retried.status_code, retried.skipped) == (200, False)
     assert [c.status for c in partner.calls] == [200, 200] and record(store)["attempts"] == 2
+
+
+@pytest.mark.parametrize("closing", [{"version": "HTTP/1.0"}, {"close": True}],
+                         ids=["HTTP/1.0", "Connection: close"])
+def test_a_partner_trickling_over_a_closing_connection_ends_within_the_deadline(
+        store: MemoryEventStore, clock: FakeClock, closing: dict[str, Any]) -> None:
+    # The attack of issue 24: headers, then a byte every 0.2 s, then close (12 s in all);
+    # urllib3 hands such a socket to the answer, and the call was held to the end.
+    with hostile.HostileServer(hostile.trickle_body(0.2, **closing)) as partner:
+        started = time.monotonic()
+        with pytest.raises(PartnerUnavailable, match=r"DeadlineExceeded.*within 0\.5 s"):
+            client(store, clock, timeout=0.5).deliver(KEY, partner.url, BODY)
+        took = time.monotonic() - started
+    assert took < 2.0, f"the call took {took:.1f} s"
+    assert record(store)["error"]["classification"] == "transient"
+
+
+@pytest.mark.parametrize(("status", "outcome"), [
+    (200, "SUCCESS"), (400, "permanent"), (503, "transient")])
+def test_an_answer_over_the_cap_is_classified_by_its_status(
+        store: MemoryEventStore, clock: FakeClock, status: int, outcome: str) -> None:
+    big = b"x" * (4 * 1024 * 1024)  # four times the cap: cut after the first MiB
+    with hostile.HostileServer(hostile.answer(status, big, framing="chunked")) as partner:
+        started = time.monotonic()
+        with contextlib.suppress(PartnerRejected, PartnerUnavailable):
+            client(store, clock).deliver(KEY, partner.url, BODY)
+        took = time.monotonic() - started
+    found = record(store)
+    assert took < 2.0 and len(partner.requests) == 1
+    if outcome == "SUCCESS":
+        assert (found["status"], found["result"]["status_code"]) == ("SUCCESS", 200)
+    else:
+        assert found["status"] == "FAILED" and found["error"]["classification"] == outcome
 
 
 def test_a_503_is_retried_and_the_retry_delivers_once(
