@@ -7,7 +7,7 @@ of telemetry; this wraps them. Per delivery of a batch:
 * its children ``claim`` and ``finish`` (each standing for the store's round
   trip of the batch), ``handler`` (current while the handler runs, errors
   recorded, with the ``messaging.process.duration`` histogram) and ``relay``;
-* at the end, the outcome on the span and the counters (``Observation.done``).
+* at the end, the outcome on the span and the counters (``Observed.done``).
 
 A batch of one (a push) makes its message's span current for the whole
 batch, so instrumented calls and log lines nest under it; in a larger batch
