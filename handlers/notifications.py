@@ -13,6 +13,9 @@ A domain handler calls ``notify_partner(context, kind, payload)``, which emits
 
 Each step is its own event, so a partner that is down retries only the call,
 and the store shows how far each notification went (``eventbus trace``).
+The call goes through the partner's breaker (``context.partner``): while a
+partner is down its notifications are parked and acked, and the redrive
+brings them back when its breaker lets a probe through.
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ class PartnerNotifier:
                             "statusCode": delivered.status_code}, direction="OUT")
 
     def client(self, context: Context) -> PartnerClient:
-        """Return a partner client on the handler's guard."""
+        """Return a partner client on the handler's guard and the partner's breaker."""
         return PartnerClient(context.guard, timeout=self.settings.timeout_seconds,
-                             session=self.session)
+                             session=self.session,
+                             partner=context.partner(context.event.entity_metadata.partner_id))
 
     def url(self, context: Context) -> str:
         """Return the partner endpoint for this event's partner (``partner_url``)."""

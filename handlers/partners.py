@@ -35,6 +35,12 @@ percent-encoded with ``quote(partner_id, safe="")``; an empty id, ``.``,
 Everything the call needs (URL, header, body) is built inside the guarded
 effect, so any failure, even one raised before the HTTP request, stores the
 guard record FAILED and releases its lease.
+
+**The breaker** (``partner``, from ``context.partner(partner_id)``): the
+HTTP call runs through the partner's breaker and shared rate
+(``eventbus.breaker``), inside the guard, so a key already delivered is
+skipped without asking the breaker, and a call the breaker refuses raises
+``BreakerOpen`` before any request (the event is parked).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from urllib.parse import quote
 import requests
 
 from eventbus import PermanentError, TransientError, deadline
+from eventbus.breaker import Partner
 from eventbus.guard import Guard
 
 RETRYABLE_4XX = frozenset({408, 429})
@@ -118,9 +125,11 @@ class PartnerClient:
     """Makes guarded partner calls; the HTTP session is injected for tests."""
 
     def __init__(self, guard: Guard, *, timeout: float,
-                 session: requests.Session | None = None) -> None:
-        """``timeout``: the call's total deadline; ``session``: from ``deadline.session()``."""
+                 session: requests.Session | None = None, partner: Partner | None = None) -> None:
+        """``timeout``: the call's total deadline; ``session``: from ``deadline.session()``;
+        ``partner``: the breaker and rate the call goes through (None: none)."""
         self.guard, self.timeout, self.session = guard, timeout, session
+        self.partner = partner
 
     def deliver(self, key: str, url: str | Callable[[], str],
                 body: Mapping[str, Any]) -> Delivered:
@@ -129,9 +138,15 @@ class PartnerClient:
         ``url`` may be a function: it is then called inside the guarded effect,
         so a URL that cannot be built fails the guard record like a failed call.
         """
-        done = self.guard.run(key, lambda: self._effect(key, url, body),
+        done = self.guard.run(key, lambda: self._through_partner(key, url, body),
                               classify=_classification)
         return Delivered(key, int(done.result.get("status_code", 0)), skipped=done.skipped)
+
+    def _through_partner(self, key: str, url: str | Callable[[], str],
+                         body: Mapping[str, Any]) -> dict[str, Any]:
+        if self.partner is None:
+            return self._effect(key, url, body)
+        return self.partner.call(lambda: self._effect(key, url, body))
 
     def _effect(self, key: str, url: str | Callable[[], str],
                 body: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,8 @@ The layers, each a package that says what it may import:
 * ``eventbus.telemetry`` spans and metrics on OpenTelemetry's SDK (off: no-ops);
 * ``eventbus.outbox``    children: the relay and its sweeper;
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
+* ``eventbus.breaker``   a breaker and a shared rate per partner (``context.partner``),
+                         kept in the store; its refusals park events;
 * ``eventbus.deadline``  outbound HTTP calls that end within a total deadline;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;

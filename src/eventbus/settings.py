@@ -96,6 +96,17 @@ def parse_ratio(value: str) -> float:
     return number
 
 
+def parse_rates(value: str) -> tuple[tuple[str, float], ...]:
+    """Parse ``name=rate`` pairs, comma-separated (``acme=5,globex=0.5``)."""
+    pairs = []
+    for part in parse_list(value):
+        name, equals, rate = part.partition("=")
+        if not equals or not name.strip():
+            raise SettingsError(f"not name=rate: {part!r}")
+        pairs.append((name.strip(), parse_float(rate)))
+    return tuple(pairs)
+
+
 def parse_choice(*choices: str) -> Parser:
     """Return a parser that accepts one of ``choices`` (any case)."""
 
@@ -206,6 +217,33 @@ class Settings:
     redrive_backoff_cap_seconds: float = setting(
         6 * 3600.0, env="EVENTBUS_REDRIVE_BACKOFF_CAP_SECONDS", parse=parse_float,
         doc="The longest wait between two redrives of an event (the wait doubles each time).")
+    partner_collection: str = setting(
+        "partners", env="EVENTBUS_PARTNER_COLLECTION", parse=parse_str,
+        doc="The collection of partner breakers and shared rate windows (`context.partner`).")
+    breaker_failures: int = setting(
+        5, env="EVENTBUS_BREAKER_FAILURES", parse=parse_int,
+        doc="Consecutive transient failures of a partner's calls that open its breaker.")
+    breaker_open_seconds: float = setting(
+        30.0, env="EVENTBUS_BREAKER_OPEN_SECONDS", parse=parse_float,
+        doc="How long an opened breaker refuses calls before one probe goes through; "
+            "doubles while probes fail.")
+    breaker_open_cap_seconds: float = setting(
+        600.0, env="EVENTBUS_BREAKER_OPEN_CAP_SECONDS", parse=parse_float,
+        doc="The longest a breaker stays open between two probes.")
+    breaker_probe_seconds: float = setting(
+        30.0, env="EVENTBUS_BREAKER_PROBE_SECONDS", parse=parse_float,
+        doc="How long a half-open breaker waits for its probe's answer before another call "
+            "may probe (longer than a partner call's deadline).")
+    partner_rate: float = setting(
+        0.0, env="EVENTBUS_PARTNER_RATE", parse=parse_float,
+        doc="Calls per second to each partner, shared by every instance through the store "
+            "(0: no limit).")
+    partner_rates: tuple[tuple[str, float], ...] = setting(
+        (), env="EVENTBUS_PARTNER_RATES", parse=parse_rates,
+        doc="Per-partner overrides of `EVENTBUS_PARTNER_RATE`: `name=rate`, comma-separated.")
+    partner_rate_wait_seconds: float = setting(
+        1.0, env="EVENTBUS_PARTNER_RATE_WAIT_SECONDS", parse=parse_float,
+        doc="The longest a call over its partner's rate waits; a longer wait parks its event.")
     log_level: str = setting(
         "INFO", env="LOG_LEVEL", parse=parse_str,
         doc="The level of the service's log lines (`DEBUG`, `INFO`, `WARNING`, ...).")
@@ -271,7 +309,8 @@ def format_default(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, tuple | list):
-        value = ",".join(str(item) for item in value)
+        value = ",".join("=".join(map(str, item)) if isinstance(item, tuple) else str(item)
+                         for item in value)
     return f"`{value}`" if value != "" else "empty"
 
 

@@ -55,6 +55,10 @@ class FakeClock:
         """Move the clock forward by ``seconds``."""
         self.moment += dt.timedelta(seconds=seconds)
 
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on this clock: move it and return at once (``eventbus.breaker``)."""
+        self.advance(seconds)
+
 
 @dataclasses.dataclass(frozen=True)
 class Message:

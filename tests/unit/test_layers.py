@@ -36,7 +36,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 PYMONGO = ("pymongo", "bson", "gridfs", "motor")
 PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/mongo_batch.py",
                    "eventbus/store/mongo_ops.py", "eventbus/store/mongo_errors.py",
-                   "eventbus/store/roundtrips.py"}
+                   "eventbus/store/roundtrips.py", "eventbus/store/mongo_partners.py"}
 FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
@@ -45,7 +45,7 @@ WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.bas
                       "eventbus.assembly")
 PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                         "eventbus.store.documents", "eventbus.store", "eventbus.guard",
-                        "eventbus.correlation", "eventbus.processor")
+                        "eventbus.breaker", "eventbus.correlation", "eventbus.processor")
 TELEMETRY_MAY_IMPORT = ("eventbus.settings", "eventbus.correlation", "eventbus.model",
                         "eventbus.processor", "eventbus.telemetry", "opentelemetry",
                         "prometheus_client")

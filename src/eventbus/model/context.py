@@ -16,6 +16,7 @@ from eventbus.model.keys import canonical_json, child_key, fingerprint_text
 from eventbus.model.status import Status
 
 if TYPE_CHECKING:  # types only: the model never calls into the guard's layer
+    from eventbus.breaker import Partner, Partners
     from eventbus.guard import Guard
 
 
@@ -72,7 +73,8 @@ class Context:
 
     ``db`` is the database for the handler's own effects (the store's, or
     what a test gave); ``guard`` runs a side effect the store cannot undo
-    (an HTTP call) at most once per key.
+    (an HTTP call) at most once per key; ``partner(name)`` is the partner's
+    breaker and shared rate, for outbound calls.
     """
 
     event: Event
@@ -85,6 +87,18 @@ class Context:
     guard: Guard
     root_key: str = ""
     children: list[Child] = dataclasses.field(default_factory=list)
+    partners: Partners | None = None
+    """The processor's partners (``eventbus.breaker``); ``partner`` reads it."""
+
+    def partner(self, name: str) -> Partner:
+        """Return partner ``name``'s breaker and rate: ``context.partner(id).call(effect)``.
+
+        While its breaker is open (or its rate spent) ``call`` raises
+        ``BreakerOpen`` (``RateLimited``) and the event is parked, not retried.
+        """
+        if self.partners is None:
+            raise RuntimeError("this context has no partners (built outside a processor)")
+        return self.partners.get(name)
 
     def emit(self, event_type: str, data: Mapping[str, Any], *,
              entity: EntityMetadata | None = None, version: str = "v1",

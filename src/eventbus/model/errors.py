@@ -41,6 +41,29 @@ class PublishError(TransientError):
     """Raised when a message could not be published to Pub/Sub."""
 
 
+class PartnerPaused(TransientError):
+    """Raised instead of a partner call the partner's breaker or rate does not let through.
+
+    The processor parks the event: FAILED-retryable with ``partner`` and
+    ``until`` in its error, ``redrive_at`` at ``until``, acked, and no attempt
+    spent (``eventbus.breaker``). ``until`` is a timezone-aware datetime.
+    """
+
+    classification = "parked"
+
+    def __init__(self, partner: str, until: Any, why: str) -> None:
+        super().__init__(f"partner {partner!r} paused until {until:%Y-%m-%dT%H:%M:%S}Z: {why}")
+        self.partner, self.until, self.why = partner, until, why
+
+
+class BreakerOpen(PartnerPaused):
+    """Raised when the partner's breaker is open (or half-open with its probe out)."""
+
+
+class RateLimited(PartnerPaused):
+    """Raised when the partner's shared rate is spent for longer than a brief wait."""
+
+
 class PermanentError(EventBusError):
     """Raised when a message can never succeed; it is stored as FAILED and acked."""
 

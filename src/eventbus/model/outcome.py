@@ -18,8 +18,11 @@ class Outcome(enum.Enum):
     """A different payload under a claimed key: recorded, never run (acked)."""
     LEASE_LOST = "lease_lost"
     """The handler ran but another worker took the lease meanwhile (503: it decides)."""
+    PARKED = "parked"
+    """The partner's breaker or rate paused the call: stored FAILED-retryable, parked, acked."""
 
     @property
     def acked(self) -> bool:
         """True when Pub/Sub must stop delivering the message."""
-        return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.CONFLICT}
+        return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.CONFLICT,
+                        Outcome.PARKED}

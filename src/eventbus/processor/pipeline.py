@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from eventbus.breaker import Partners
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
 from eventbus.model.context import Context
@@ -38,6 +39,7 @@ from eventbus.model.errors import (
     Classification,
     Classifier,
     ContentRejected,
+    PartnerPaused,
     StoreUnavailable,
 )
 from eventbus.model.outcome import Outcome
@@ -50,6 +52,7 @@ from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import EventStore, Finish
+from eventbus.store.documents import parking
 
 logger = logging.getLogger("eventbus")
 
@@ -78,6 +81,7 @@ class Processor:
         self._span_scoped = any(hook.scopes_logs for hook in self.middleware)
         self.classifier = classifier or Classifier()
         self.guard = Guard(store, lease=store.lease, now=now)
+        self.partners = Partners(store, settings, now=now, classifier=self.classifier)
         self.intake, self.rejections = Intake(store, router), Rejections(store, now)
         self.heartbeat = heartbeat or Heartbeat(store, now=now)
         self.concurrency = max(1, concurrency)
@@ -233,10 +237,12 @@ class Processor:
         item.pending = self._success(item, context, carried)
 
     def _attempts_used(self, item: Item) -> int:
-        # A replay grants a fresh set of attempts: count from where it started.
+        # A replay grants a fresh set of attempts: count from where it started;
+        # a parked claim never called its partner, so it spends none.
         assert item.claim is not None
         since = (item.claim.previous or {}).get("replayed_at_attempt", 0)
-        return item.claim.attempt - (since if isinstance(since, int) else 0)
+        parks = parking.parks(item.claim.previous) if item.claim.previous else 0
+        return item.claim.attempt - (since if isinstance(since, int) else 0) - parks
 
     def _context(self, item: Item) -> Context:
         located, claim = item.located, item.claim
@@ -247,7 +253,7 @@ class Processor:
         return Context(event=located.route.upcast(located.event), key=located.key,
                        attempt=claim.attempt, delivery=located.delivery, log=log,
                        db=self.store.database, now=self.now, root_key=located.root_key,
-                       guard=self.guard)
+                       guard=self.guard, partners=self.partners)
 
     def _handler_scope(self, item: Item,
                        alone: bool) -> contextlib.AbstractContextManager[Mapping[str, str] | None]:
@@ -283,6 +289,9 @@ class Processor:
 
     def _failure(self, item: Item, exc: Exception) -> Pending:
         assert item.claim is not None
+        paused = _paused(exc)
+        if paused is not None:
+            return self._parked(item, exc, paused)
         kind = self.classifier.classify(exc)
         # A write the store refuses for its content (too large, a value it
         # cannot hold), the record's or a handler's own, fails the same way on
@@ -293,13 +302,26 @@ class Processor:
         label = "attempt_cap" if capped else "content" if content else kind.value
         redrive_at = self.now() + timedelta(seconds=self.settings.redrive_after_seconds)
         finish = Finish(item.key, item.claim.owner,
-                        error=documents.error_document(exc, label),
+                        error=_with_parks(documents.error_document(exc, label), item),
                         retryable=not (final or capped), redrive_at=redrive_at)
         outcome = Outcome.REJECTED if final or capped else Outcome.RETRY
         level = logging.ERROR if outcome is Outcome.REJECTED else logging.WARNING
         return Pending(finish, Result(outcome, key=item.key, event_type=item.event_type,
                                       attempt=item.claim.attempt, error=brief(exc)),
                        (level, f"{label} on {item.key} attempt {item.claim.attempt}: {exc}"))
+
+    def _parked(self, item: Item, exc: Exception, paused: PartnerPaused) -> Pending:
+        # The partner was not called: stored FAILED-retryable and acked, so
+        # the subscription's success rate (every partner's push rate) holds;
+        # the redrive brings it back at ``until``.
+        assert item.claim is not None
+        error = {**documents.error_document(exc, parking.PARKED), "partner": paused.partner,
+                 "until": paused.until, "parks": parking.parks(item.claim.previous) + 1}
+        finish = Finish(item.key, item.claim.owner, error=error, retryable=True,
+                        redrive_at=paused.until)
+        return Pending(finish, Result(Outcome.PARKED, key=item.key, event_type=item.event_type,
+                                      attempt=item.claim.attempt, error=brief(exc)),
+                       (logging.INFO, f"parked {item.key} until {paused.until}: {exc}"))
 
     def _refused_children(self, item: Item) -> Result:
         # The store refused the children's content: a handler bug, FAILED for
@@ -364,6 +386,25 @@ def _lease_lost(item: Item) -> Result:
     logger.warning("lease on %s was lost before the outcome was stored", item.key)
     return Result(Outcome.LEASE_LOST, key=item.key, event_type=item.event_type,
                   attempt=item.claim.attempt if item.claim else 0, error="LeaseLost")
+
+
+def _paused(exc: BaseException) -> PartnerPaused | None:
+    """The ``PartnerPaused`` that ``exc`` is or was raised ``from`` (a handler may wrap it)."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, PartnerPaused):
+            return found
+        seen.add(id(found))
+        found = found.__cause__
+    return None
+
+
+def _with_parks(error: dict[str, Any], item: Item) -> dict[str, Any]:
+    """Carry the record's count of parks onto its new error (see ``documents.parking``)."""
+    assert item.claim is not None
+    count = parking.parks(item.claim.previous) if item.claim.previous else 0
+    return {**error, "parks": count} if count else error
 
 
 def _run_hook(hook: AfterSuccess, key: str, outbox: Sequence[Mapping[str, Any]]) -> None:

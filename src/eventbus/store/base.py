@@ -250,3 +250,33 @@ class EventStore(Protocol):
         Read by the ``eventbus.outbox.oldest_pending_age`` gauge.
         """
         ...
+
+    # -- partners: breakers and shared rates (eventbus.breaker) -------------------------
+    def breaker_get(self, name: str) -> Record | None:
+        """Return the breaker document of partner ``name`` (``version`` included), or None."""
+        ...
+
+    def breaker_swap(self, name: str, version: int, document: Mapping[str, Any]) -> bool:
+        """Store ``document`` as ``name``'s breaker if its version is still ``version``.
+
+        Version 0 means "no document yet"; the stored one gets ``version + 1``.
+        False when another instance changed it first (read again and retry).
+        One single-document write, so every instance shares one breaker.
+        """
+        ...
+
+    def breakers(self) -> list[Record]:
+        """Return every breaker document, by name."""
+        ...
+
+    def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
+        """Count one call of partner ``name`` in the window starting at ``window``.
+
+        Returns the window's count with this call (one round trip); the
+        window's document may be deleted after ``expires``.
+        """
+        ...
+
+    def parked_counts(self) -> dict[str, int]:
+        """Return partner → how many events are parked for it (FAILED-retryable, parked)."""
+        ...

@@ -26,6 +26,7 @@ from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
 from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
+from eventbus.store.memory_partners import MemoryPartnersMixin
 
 
 def _keep_rejection(record: Record) -> None:
@@ -37,13 +38,14 @@ def _keep_rejection(record: Record) -> None:
         record.pop(name, None)
 
 
-class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin):
+class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixin):
     """The store primitives on a dict; safe to share between threads."""
 
     def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",
                  retention: timedelta = timedelta(days=30), database: Any = None) -> None:
         self._events: dict[str, Record] = {}
         self._guards: dict[str, Record] = {}
+        self._partners: dict[str, Record] = {}
         self._lock = threading.RLock()
         self._lease, self._created_by, self._retention = lease, created_by, retention
         self._database = database

@@ -35,6 +35,7 @@ from eventbus.store.base import Claim, OutboxEntry, Record
 from eventbus.store.mongo_batch import MongoBatchMixin
 from eventbus.store.mongo_errors import unavailable as _unavailable
 from eventbus.store.mongo_ops import MongoOperatorMixin
+from eventbus.store.mongo_partners import MongoPartnersMixin
 from eventbus.store.roundtrips import RoundTrips
 
 
@@ -59,14 +60,16 @@ OUTBOX_INDEX = "outbox.status_1"
 """The outbox sweep's index, one of ``INDEXES``."""
 
 
-class MongoEventStore(MongoBatchMixin, MongoOperatorMixin):
+class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
     """The storage primitives of the idempotency state machine, on one collection."""
 
     def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,
                  lease: timedelta, guard_collection: str = "side_effects",
-                 round_trips: RoundTrips | None = None) -> None:
+                 round_trips: RoundTrips | None = None,
+                 partner_collection: str = "partners") -> None:
         self._collection = collection
         self._guards: Collection = collection.database[guard_collection]
+        self._partners: Collection = collection.database[partner_collection]
         self._created_by = created_by
         self._retention = retention
         self._lease = lease
@@ -88,7 +91,8 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin):
         return cls(collection, created_by=settings.service,
                    retention=timedelta(days=settings.retention_days),
                    lease=timedelta(seconds=settings.lease_seconds),
-                   guard_collection=settings.guard_collection, round_trips=counter)
+                   guard_collection=settings.guard_collection, round_trips=counter,
+                   partner_collection=settings.partner_collection)
 
     @property
     def database(self) -> Database:
@@ -113,6 +117,7 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin):
         """Create the collection's indexes; a no-op when they already exist."""
         with _unavailable("create indexes on", self._collection.name):
             self._collection.create_indexes(list(INDEXES))
+        self.ensure_partner_indexes()
 
     def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
         """Take the lease on ``key`` in one round trip, or raise ``AlreadyExists``.

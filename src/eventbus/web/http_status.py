@@ -27,6 +27,9 @@ STATUS: dict[Outcome, int] = {
     Outcome.UNAVAILABLE: 503,
     Outcome.CONFLICT: 200,
     Outcome.LEASE_LOST: 503,
+    # Acked: the store redrives a parked event when its partner takes calls
+    # again, and a 503 would slow every other partner's pushes.
+    Outcome.PARKED: 200,
 }
 # A failure of our own code outside any handler: nack, so nothing is lost.
 INTERNAL_ERROR_STATUS = 503
@@ -39,6 +42,7 @@ CLASSIFICATION: dict[str, str] = {
     "in_progress": "in_progress",
     "unavailable": "store_unavailable",
     "lease_lost": "lease_lost",
+    "parked": "parked",
 }
 """How each failed outcome (by its value) is classified in the body; no entry: no error."""
 _DEFAULT_TYPE = {"unavailable": "StoreUnavailable", "in_progress": "LeaseHeld",

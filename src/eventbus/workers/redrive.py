@@ -32,6 +32,7 @@ from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
+from eventbus.store.documents.parking import parks
 from eventbus.workers.rebuild import NotReplayable, build
 
 logger = logging.getLogger("eventbus.redrive")
@@ -93,7 +94,9 @@ class Redriver:
 
     def _redrive(self, record: Mapping[str, Any], now: datetime, report: RedriveReport) -> None:
         key, redrives = str(record["idempotency_key"]), int(record.get("redrives") or 0)
-        if redrives >= self.settings.redrive_max:
+        # A redrive that ended parked found the partner paused: it spends nothing.
+        spent = max(0, redrives - parks(record))
+        if spent >= self.settings.redrive_max:
             self._abandon(key, now, "redrive_cap", _why(record, redrives), report)
             return
         try:
@@ -110,7 +113,7 @@ class Redriver:
             logger.warning("redrive of %s not published: %s", key, exc)
             report.failed += 1
             return
-        counted = self.store.mark_redriven(key, redrives, now + self._backoff(redrives))
+        counted = self.store.mark_redriven(key, redrives, now + self._backoff(spent))
         report.republished += 1 if counted else 0
         report.skipped += 0 if counted else 1
         logger.info("redrove %s (redrive %d)", key, redrives + 1)

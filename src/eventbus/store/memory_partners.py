@@ -1,0 +1,75 @@
+"""Breakers and rate windows in memory: a mixin that ``MemoryEventStore`` inherits.
+
+The same documents as ``mongo_partners`` (``eventbus.store.documents.parking``),
+in a dict behind the store's lock.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from eventbus.store.base import Record
+from eventbus.store.documents import bson_time
+from eventbus.store.documents.parking import (
+    BREAKER,
+    breaker_document,
+    breaker_id,
+    is_parked,
+    rate_id,
+    rate_insert,
+)
+
+
+class MemoryPartnersMixin:
+    """``breaker_get``, ``breaker_swap``, ``breakers``, ``rate_take``, ``parked_counts``."""
+
+    _events: dict[str, Record]
+    _lock: threading.RLock
+    _partners: dict[str, Record]
+
+    def breaker_get(self, name: str) -> Record | None:
+        """Return the breaker document of ``name``, or None."""
+        with self._lock:
+            return copy.deepcopy(self._partners.get(breaker_id(name)))
+
+    def breaker_swap(self, name: str, version: int, document: Mapping[str, Any]) -> bool:
+        """Store ``document`` if ``name``'s breaker is still at ``version`` (0: none yet)."""
+        with self._lock:
+            current = self._partners.get(breaker_id(name))
+            if (current["version"] if current else 0) != version:
+                return False
+            stored = breaker_document(name, version + 1, _stored(document))
+            self._partners[breaker_id(name)] = stored
+        return True
+
+    def breakers(self) -> list[Record]:
+        """Return every breaker document, by name."""
+        with self._lock:
+            found = [doc for doc in self._partners.values() if doc.get("kind") == BREAKER]
+            return copy.deepcopy(sorted(found, key=lambda doc: doc["name"]))
+
+    def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
+        """Count one call of ``name`` in the window at ``window``; return the count."""
+        with self._lock:
+            doc = self._partners.setdefault(rate_id(name, window), {
+                "_id": rate_id(name, window), "count": 0,
+                **_stored(rate_insert(name, window, expires))})
+            doc["count"] += 1
+            return int(doc["count"])
+
+    def parked_counts(self) -> dict[str, int]:
+        """Return partner → number of parked events."""
+        with self._lock:
+            return dict(Counter(str(record["error"].get("partner"))
+                                for record in self._events.values() if is_parked(record)))
+
+
+def _stored(document: Mapping[str, Any]) -> dict[str, Any]:
+    # As the server would keep it: dates at the millisecond, copied.
+    return {name: bson_time(value) if isinstance(value, datetime) else copy.deepcopy(value)
+            for name, value in document.items()}

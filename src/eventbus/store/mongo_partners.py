@@ -1,0 +1,94 @@
+"""Breakers and rate windows on MongoDB: a mixin that ``MongoEventStore`` inherits.
+
+One collection (``Settings.partner_collection``) holds both kinds of
+document (``eventbus.store.documents.parking``). Every write is one
+single-document operation: a breaker moves by compare-and-swap on its
+``version``, a rate window by an upserted ``$inc``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pymongo import ASCENDING, IndexModel, ReturnDocument
+from pymongo.collection import Collection
+from pymongo.errors import DuplicateKeyError
+
+from eventbus.store.base import Record
+from eventbus.store.documents.parking import (
+    BREAKER,
+    breaker_document,
+    breaker_id,
+    parked_filter,
+    rate_id,
+    rate_insert,
+)
+from eventbus.store.mongo_errors import unavailable as _unavailable
+
+PARTNER_INDEXES = (IndexModel([("expire_at", ASCENDING)], name="expire_at_1",
+                              expireAfterSeconds=0),
+                   IndexModel([("kind", ASCENDING)], name="kind_1"))
+"""The partners collection's indexes: rate windows expire; breakers are listed by kind."""
+
+
+class MongoPartnersMixin:
+    """``breaker_get``, ``breaker_swap``, ``breakers``, ``rate_take``, ``parked_counts``."""
+
+    _collection: Collection
+    _partners: Collection
+
+    def ensure_partner_indexes(self) -> None:
+        """Create the partners collection's indexes (``PARTNER_INDEXES``)."""
+        with _unavailable("create indexes on", self._partners.name):
+            self._partners.create_indexes(list(PARTNER_INDEXES))
+
+    def breaker_get(self, name: str) -> Record | None:
+        """Return the breaker document of ``name``, or None."""
+        with _unavailable("get breaker", name):
+            found: Record | None = self._partners.find_one({"_id": breaker_id(name)})
+        return found
+
+    def breaker_swap(self, name: str, version: int, document: Mapping[str, Any]) -> bool:
+        """Store ``document`` if ``name``'s breaker is still at ``version`` (0: none yet)."""
+        stored = breaker_document(name, version + 1, document)
+        with _unavailable("swap breaker", name):
+            if version == 0:
+                return self._insert(stored)
+            done = self._partners.replace_one({"_id": stored["_id"], "version": version}, stored)
+        return done.matched_count == 1
+
+    def _insert(self, stored: Mapping[str, Any]) -> bool:
+        try:
+            self._partners.insert_one(dict(stored))
+        except DuplicateKeyError:  # another instance made it first
+            return False
+        return True
+
+    def breakers(self) -> list[Record]:
+        """Return every breaker document, by name."""
+        with _unavailable("list", "breakers"):
+            return list(self._partners.find({"kind": BREAKER}).sort("name", ASCENDING))
+
+    def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
+        """Count one call of ``name`` in the window at ``window``; return the count."""
+        update = {"$inc": {"count": 1}, "$setOnInsert": rate_insert(name, window, expires)}
+        with _unavailable("rate", name):
+            try:
+                return self._count(rate_id(name, window), update)
+            except DuplicateKeyError:  # two first calls of a window upserted at once
+                return self._count(rate_id(name, window), update)
+
+    def _count(self, key: str, update: Mapping[str, Any]) -> int:
+        after: Record | None = self._partners.find_one_and_update(
+            {"_id": key}, dict(update), upsert=True, return_document=ReturnDocument.AFTER)
+        return int((after or {}).get("count") or 1)
+
+    def parked_counts(self) -> dict[str, int]:
+        """Return partner → number of parked events."""
+        pipeline = [{"$match": parked_filter()},
+                    {"$group": {"_id": "$error.partner", "n": {"$sum": 1}}}]
+        with _unavailable("count", "parked"):
+            rows = list(self._collection.aggregate(pipeline))
+        return {str(row["_id"]): int(row["n"]) for row in rows}
