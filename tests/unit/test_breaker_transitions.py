@@ -1,0 +1,101 @@
+"""Hypothesis over breaker transitions: never open forever, never called while open.
+
+Any sequence of successes, transient and permanent failures, probes lost
+by a dying worker, restarts (a fresh ``Partners`` over the same store) and
+clock moves is run against the in-memory store. After each step: a call
+went through only when the stored breaker let it (closed, or open past its
+time with no live probe); at the end, once the longest open time and the
+probe time have passed, a call goes through and closes the breaker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from eventbus.breaker import CLOSED, HALF_OPEN, OPEN, BreakerState, Partners, partner_name
+from eventbus.model.errors import BreakerOpen, PermanentError, TransientError
+from eventbus.settings import Settings
+from eventbus.store.memory import MemoryEventStore
+from eventbus.testing import FakeClock
+
+SETTINGS = Settings(breaker_failures=2, breaker_open_seconds=5, breaker_open_cap_seconds=12,
+                    breaker_probe_seconds=3)
+# Transient failures weigh most, and clock moves land on the open and probe
+# times as often as between them: the sequences that reach a failed probe.
+STEPS = st.lists(st.one_of(
+    st.sampled_from(["ok", "transient", "transient", "transient", "permanent", "die",
+                     "restart"]),
+    st.sampled_from([0, 1, 3, 5, 10, 12, 20]), st.integers(min_value=0, max_value=25)),
+    max_size=60)
+
+
+class Died(BaseException):
+    """A worker killed during its call: nothing after the call runs."""
+
+
+def may_call(state: BreakerState, now: dt.datetime) -> bool:
+    """The rule: a call goes only through a closed breaker, or one whose wait is over."""
+    if state.manual is not None:
+        return False
+    if state.state == OPEN:
+        return state.open_until is not None and now >= state.open_until
+    if state.state == HALF_OPEN:
+        return state.probe_until is not None and now >= state.probe_until
+    return state.state == CLOSED
+
+
+def attempt(group: Partners, store: MemoryEventStore, clock: FakeClock, step: str) -> None:
+    before, called = BreakerState.from_document(store.breaker_get("acme")), []
+
+    def effect() -> None:
+        called.append(step)
+        if step == "transient":
+            raise TransientError("503")
+        if step == "permanent":
+            raise PermanentError("400")
+        if step == "die":
+            raise Died()
+
+    try:
+        group.get("acme").call(effect)
+    except (BreakerOpen, TransientError, PermanentError, Died):
+        pass
+    assert not called or may_call(before, clock()), (before, clock())
+
+
+@settings(max_examples=300, deadline=None)
+@given(STEPS)
+@example(["transient", "transient", 5, "transient", 10, "transient"])  # probes fail: the cap
+@example(["transient", "transient", 5, "die", 2, "ok", 1, "ok"])  # a probe lost, then one more
+def test_no_sequence_leaves_a_partner_open_forever_or_calls_it_while_open(
+        steps: list[str | int]) -> None:
+    store, clock = MemoryEventStore(), FakeClock()
+    group = Partners(store, SETTINGS, now=clock)
+    for step in steps:
+        if isinstance(step, int):
+            clock.advance(step)
+        elif step == "restart":
+            group = Partners(store, SETTINGS, now=clock)
+        else:
+            attempt(group, store, clock, step)
+    clock.advance(SETTINGS.breaker_open_cap_seconds + SETTINGS.breaker_probe_seconds)
+    assert group.get("acme").call(lambda: "through") == "through"
+    assert BreakerState.from_document(store.breaker_get("acme")).state == CLOSED
+
+
+@given(st.text(max_size=300) | st.binary(max_size=50).map(lambda raw: raw.decode("latin-1")))
+def test_any_partner_name_is_one_safe_key(name: str) -> None:
+    stored = partner_name(name)
+    assert 0 < len(stored) <= 100 and stored.isprintable()
+    stored.encode("utf-8")  # no lone surrogate reaches the store
+    assert partner_name(name) == stored
+
+
+def test_hostile_names_hash_and_different_names_stay_apart() -> None:
+    hostile = ["", "a\x00b", "\ud800", "x" * 10_000, " acme", "sha256:abc", "a\nb"]
+    stored = [partner_name(name) for name in hostile]
+    assert all(name.startswith("sha256:") for name in stored)
+    assert len(set(stored)) == len(hostile) and partner_name("acme") == "acme"
