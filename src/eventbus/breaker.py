@@ -17,7 +17,9 @@ A handler makes an outbound call through its partner::
 * **Parked.** A call the breaker or the rate does not let through raises
   ``BreakerOpen`` or ``RateLimited`` (``PartnerPaused``) with the time it may
   go through; the processor parks the event until then (stored, acked) and
-  the store-driven redrive brings it back.
+  the store-driven redrive brings it back. The failure that opens the
+  breaker, or fails its probe, raises ``BreakerOpen`` too (from the error), so
+  the probing event waits with the others instead of spending its redrives.
 
 State moves by pure functions (``admit``, ``succeeded``, ``failed``,
 ``forced``) over ``BreakerState``, written back by compare-and-swap
@@ -236,7 +238,11 @@ class Partner:
         try:
             result = effect()
         except Exception as exc:
-            self._after(seen, exc)
+            after = self._after(seen, exc)
+            if after is not None and after.state == OPEN and after.open_until is not None:
+                # This failure opened it (or failed the probe): the event waits
+                # for the next probe with the others instead of spending redrives.
+                raise BreakerOpen(self.name, after.open_until, "opened by this call") from exc
             raise
         self._after(seen, None)
         return result
@@ -257,7 +263,8 @@ class Partner:
         assert decision.until is not None
         raise BreakerOpen(self.name, decision.until, decision.why)
 
-    def _after(self, seen: BreakerState, exc: Exception | None) -> None:
+    def _after(self, seen: BreakerState, exc: Exception | None) -> BreakerState | None:
+        """Store how the call went; the state when this failure opened the breaker."""
         # The call happened: a store error here must not fail it (the guard
         # would call again), so the breaker's bookkeeping only logs.
         store, now, policy = self.partners.store, self.partners.now(), self.partners.policy
@@ -266,15 +273,17 @@ class Partner:
         try:
             if answered:
                 swap(store, self.name, succeeded, seen)
-            else:
-                error = f"{type(exc).__name__}: {exc}"
-                after = swap(store, self.name, lambda state: failed(state, now, policy, error),
-                             seen)
-                if after is not None and after.state == OPEN and after.opened_at == now:
-                    logger.warning("breaker %s open until %s after %d failures", self.name,
-                                   after.open_until, after.failures)
+                return None
+            error = f"{type(exc).__name__}: {exc}"
+            after = swap(store, self.name, lambda state: failed(state, now, policy, error), seen)
         except Exception:
             logger.exception("breaker %s: the outcome of a call was not stored", self.name)
+            return None
+        if after is None or after.state != OPEN or after.opened_at != now:
+            return None
+        logger.warning("breaker %s open until %s after %d failures", self.name,
+                       after.open_until, after.failures)
+        return after
 
 
 def _probe(state: BreakerState, now: datetime, policy: Policy) -> BreakerState | None:

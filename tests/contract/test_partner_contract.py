@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def twin(store: EventStore, request: pytest.FixtureRequest) -> Iterator[Twin]:
             return store
         from eventbus.store.mongo import MongoEventStore
 
-        database = store.database.name  # type: ignore[attr-defined]
+        database = store.database.name
         other = MongoEventStore.from_settings(
             mongo_settings(request.getfixturevalue("mongo_uri"), database))
         made.append(other)
@@ -69,6 +70,12 @@ def fail(group: Partners, name: str = "acme", times: int = 3) -> None:
     for _ in range(times):
         with pytest.raises(TransientError):
             group.get(name).call(boom)
+
+
+def doc(store: EventStore, name: str = "acme") -> dict[str, Any]:
+    found = store.breaker_get(name)
+    assert found is not None
+    return found
 
 
 def state(store: EventStore, name: str = "acme") -> str:
@@ -107,11 +114,11 @@ def test_failures_open_it_a_probe_goes_after_the_open_time_and_success_closes(
     assert state(store) == OPEN
     with pytest.raises(BreakerOpen) as refused:
         group.get("acme").call(lambda: calls.append("called"))
-    assert calls == [] and refused.value.until == store.breaker_get("acme")["open_until"]
+    assert calls == [] and refused.value.until == doc(store)["open_until"]
     clock.advance(30)
     assert group.get("acme").call(lambda: calls.append("probe")) is None
     assert calls == ["probe"] and state(store) == CLOSED
-    assert store.breaker_get("acme")["failures"] == 0
+    assert doc(store)["failures"] == 0
 
 
 def test_a_failed_probe_doubles_the_open_time_up_to_the_cap(store: EventStore,
@@ -120,9 +127,9 @@ def test_a_failed_probe_doubles_the_open_time_up_to_the_cap(store: EventStore,
     fail(group)
     lengths = []
     for _ in range(4):
-        clock.advance(store.breaker_get("acme")["open_seconds"])
+        clock.advance(doc(store)["open_seconds"])
         fail(group, times=1)
-        lengths.append(store.breaker_get("acme")["open_seconds"])
+        lengths.append(doc(store)["open_seconds"])
     assert lengths == [60, 100, 100, 100]
 
 
@@ -155,8 +162,8 @@ def test_a_lost_probe_lets_another_go_after_the_probe_time(store: EventStore,
     group = partners(store, clock)
     fail(group)
     clock.advance(30)
-    store.breaker_swap("acme", store.breaker_get("acme")["version"],
-                       {**store.breaker_get("acme"), "state": HALF_OPEN,
+    store.breaker_swap("acme", doc(store)["version"],
+                       {**doc(store), "state": HALF_OPEN,
                         "probe_until": clock() + timedelta(seconds=10)})
     with pytest.raises(BreakerOpen):
         group.get("acme").call(lambda: None)
