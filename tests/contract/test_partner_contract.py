@@ -256,3 +256,20 @@ def test_parked_events_are_counted_by_partner(store: EventStore, now: datetime) 
     store.fail(other, store.claim(other, FIELDS, now).owner, now,
                {"type": "X", "message": "", "classification": "transient"}, retryable=True)
     assert store.parked_counts() == {"acme": 2, "globex": 1}
+
+
+def test_unpark_makes_a_partners_parked_events_due_now(store: EventStore,
+                                                       now: datetime) -> None:
+    from tests.contract.conftest import FIELDS, new_key
+
+    later = now + timedelta(hours=1)
+    keys = {name: new_key() for name in ("acme", "globex")}
+    for name, key in keys.items():
+        claim = store.claim(key, FIELDS, now)
+        store.fail(key, claim.owner, now, {"type": "BreakerOpen", "message": "",
+                                           "classification": "parked", "partner": name,
+                                           "until": later, "parks": 1},
+                   retryable=True, redrive_at=later)
+    assert store.unpark("acme", now) == 1
+    due = {record["idempotency_key"] for record in store.redrivable(now, now, 10)}
+    assert due == {keys["acme"]}

@@ -280,3 +280,10 @@ class EventStore(Protocol):
     def parked_counts(self) -> dict[str, int]:
         """Return partner → how many events are parked for it (FAILED-retryable, parked)."""
         ...
+
+    def unpark(self, name: str, now: datetime) -> int:
+        """Make every event parked for partner ``name`` due for the redrive at ``now``.
+
+        Each record is its own atomic update (no transaction); returns how many.
+        """
+        ...

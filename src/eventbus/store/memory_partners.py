@@ -68,6 +68,20 @@ class MemoryPartnersMixin:
             return dict(Counter(str(record["error"].get("partner"))
                                 for record in self._events.values() if is_parked(record)))
 
+    def unpark(self, name: str, now: datetime) -> int:
+        """Make every event parked for ``name`` due for the redrive now; return how many."""
+        with self._lock:
+            return _unpark(self._events, name, now)
+
+
+def _unpark(records: dict[str, Record], name: str, now: datetime) -> int:
+    moved = 0
+    for record in records.values():
+        if is_parked(record) and record["error"].get("partner") == name:
+            record["redrive_at"] = bson_time(now)
+            moved += 1
+    return moved
+
 
 def _stored(document: Mapping[str, Any]) -> dict[str, Any]:
     # As the server would keep it: dates at the millisecond, copied.

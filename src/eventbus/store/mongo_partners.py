@@ -17,6 +17,7 @@ from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
 from eventbus.store.base import Record
+from eventbus.store.documents import bson_time
 from eventbus.store.documents.parking import (
     BREAKER,
     breaker_document,
@@ -92,3 +93,10 @@ class MongoPartnersMixin:
         with _unavailable("count", "parked"):
             rows = list(self._collection.aggregate(pipeline))
         return {str(row["_id"]): int(row["n"]) for row in rows}
+
+    def unpark(self, name: str, now: datetime) -> int:
+        """Make every event parked for ``name`` due for the redrive now; return how many."""
+        with _unavailable("unpark", name):
+            done = self._collection.update_many({**parked_filter(), "error.partner": name},
+                                                {"$set": {"redrive_at": bson_time(now)}})
+        return int(done.modified_count)

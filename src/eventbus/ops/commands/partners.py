@@ -1,0 +1,61 @@
+"""``eventbus partners``: each partner's breaker, failures, parked events and rate;
+``eventbus partners open|close NAME --why ...`` holds a breaker open or closes it, audited
+(``eventbus.ops.partners``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from eventbus.ops.commands.common import Tools, UsageError, add_json
+from eventbus.ops.partners import PartnerView, SteerError, describe, steer, views
+from eventbus.ops.render import safe, table
+
+
+def add(commands: Any) -> None:
+    """Register ``partners`` with its ``open`` and ``close`` actions."""
+    partners = commands.add_parser("partners", help="partner breakers, parked events, rates")
+    add_json(partners)
+    partners.set_defaults(run=cmd_list)
+    actions = partners.add_subparsers(dest="action")
+    for action, words in (("open", "hold a partner's breaker open: its events are parked"),
+                          ("close", "close a partner's breaker; its parked events come back")):
+        steering = actions.add_parser(action, help=words)
+        steering.add_argument("name", help="the partner (its breaker's name)")
+        steering.add_argument("--why", required=True, help="the reason, kept in the audit entry")
+        add_json(steering)
+        steering.set_defaults(run=cmd_steer)
+
+
+def cmd_list(args: argparse.Namespace, tools: Tools) -> int:
+    """Print every partner with a breaker, parked events or a rate of its own."""
+    found = views(tools.store(), tools.settings, tools.now())
+    rows = [_row(view) for view in found]
+    text = table(["partner", "breaker", "failures", "last error", "parked", "rate/s"], rows,
+                 whole=("partner",)) if rows else "no partner has a breaker or parked events"
+    tools.emit([view.to_json() for view in found], text, args)
+    return 0
+
+
+def _row(view: PartnerView) -> list[Any]:
+    when = f"{view.last_failure_at:%Y-%m-%d %H:%M:%S}Z " if view.last_failure_at else ""
+    last = f"{when}{view.last_error}" if view.last_error else ""
+    return [view.name, view.label, view.failures, last, view.parked,
+            f"{view.rate:g}" if view.rate else "-"]
+
+
+def cmd_steer(args: argparse.Namespace, tools: Tools) -> int:
+    """Hold open or close one breaker by hand, with the operator's reason."""
+    if not args.why.strip():
+        raise UsageError("--why must say why (it is kept in the audit entry)")
+    hold_open, now = args.action == "open", tools.now()
+    try:
+        after = steer(tools.store(), args.name, hold_open=hold_open, why=args.why,
+                      by=tools.ops.operator, now=now)
+    except SteerError as exc:
+        print(f"eventbus: {exc}", file=tools.err)
+        return 1
+    _, _, label = describe(after, now)
+    tools.emit({"name": args.name, "state": after.state, "label": label},
+               f"{safe(args.name)}: {safe(label)}", args)
+    return 0
