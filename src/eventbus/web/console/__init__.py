@@ -7,13 +7,15 @@
 Pages: the overview (counts by status and type; throughput and failure rate
 over the last hours as an inline SVG chart), the failed groups, an event (its
 document, its attempt timeline, its error, its cascade as a tree of links), a
-partner's history, and replay of one event or a group with a confirmation
-step (a POST with a CSRF token; refused in read-only mode). Assets are served
+partner's history, the partners (each breaker, its parked events and rate,
+held open or closed by hand with a reason, audited), and replay of one event
+or a group with a confirmation step (a POST with a CSRF token; refused in
+read-only mode). Assets are served
 from the package; every stored value goes through Jinja's autoescaping.
 
 The console is the web face of ``eventbus.ops``: it is the one part of the
 web layer that imports the operator logic it shares with the commands
-(``eventbus.ops.reports``, ``replay``); ``eventbus.ops`` imports this
+(``eventbus.ops.reports``, ``replay``, ``partners``); ``eventbus.ops`` imports this
 package only when ``eventbus console`` runs.
 """
 

@@ -12,6 +12,7 @@ import flask
 from eventbus.model.errors import Forbidden, InvalidEvent, PublishError, Unauthenticated
 from eventbus.model.event import json_object
 from eventbus.ops import correct
+from eventbus.ops import partners as breakers
 from eventbus.ops import reports as ops
 from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
@@ -172,6 +173,33 @@ def partner() -> str:
     limit = min(int(flask.request.args.get("limit", "100") or 100), 1000)
     records = ops.history(console().store, partner_id, limit) if partner_id else []
     return flask.render_template("partner.html", partner_id=partner_id, records=records)
+
+
+@blueprint.get("/partners")
+def partners() -> str:
+    """Each partner's breaker, failures, parked events and rate (``eventbus partners``)."""
+    app = console()
+    return flask.render_template("partners.html",
+                                 partners=breakers.views(app.store, app.settings, app.now()))
+
+
+@blueprint.post("/partners")
+def steer_partner() -> Any:
+    """Hold a breaker open or close it: CSRF-checked, with a reason, audited."""
+    config, form = console().config, flask.request.form
+    if config.read_only:
+        return _refused(403, "this console is read-only")
+    if not _same_origin() or not csrf_valid(config.secret, flask.g.operator, form.get("csrf")):
+        return _refused(403, "the form is missing its CSRF token or came from elsewhere")
+    action, why = form.get("action", ""), form.get("why", "").strip()
+    if action not in ("open", "close") or not why or not form.get("name"):
+        return _refused(400, "say which partner, open or close, and why")
+    try:
+        breakers.steer(console().store, form["name"], hold_open=action == "open", why=why,
+                       by=str(flask.g.operator), now=console().now())
+    except breakers.SteerError as exc:
+        return _refused(409, str(exc))
+    return flask.redirect(flask.url_for("console.partners"), code=303)
 
 
 # -- replay --------------------------------------------------------------------------------
