@@ -95,4 +95,5 @@ def assemble(router: Router, settings: Settings, store: EventStore | None = None
                           middleware=[*telemetry.middleware(), *middleware],
                           concurrency=concurrency)
     telemetry.watch_outbox(store)
+    telemetry.watch_partners(store)
     return Parts(store, processor, telemetry)

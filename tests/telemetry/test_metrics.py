@@ -170,3 +170,42 @@ def test_the_views_give_each_histogram_its_bucket_bounds() -> None:
     for name, bounds in BUCKETS.items():
         (point,) = rec.points(name)
         assert tuple(point.explicit_bounds) == tuple(float(bound) for bound in bounds)
+
+
+def test_breakers_and_parked_events_are_gauges_per_partner() -> None:
+    from eventbus.breaker import Partners
+    from eventbus.model.errors import TransientError
+    from eventbus.settings import Settings
+
+    bus, rec, _ = metered_bus(tracing=False)
+    rec.telemetry.watch_partners(bus.store)
+    group = Partners(bus.store, Settings(breaker_failures=2), now=bus.clock)
+
+    def down() -> None:
+        raise TransientError("503")
+
+    for name, failures in (("acme", 2), ("globex", 1)):
+        for _ in range(failures):
+            with pytest.raises(TransientError):
+                group.get(name).call(down)
+    bus.clock.advance(45)
+    states = {p.attributes["eventbus.partner"]: p.value
+              for p in rec.points("eventbus.partner.breaker_state")}
+    open_for = {p.attributes["eventbus.partner"]: p.value
+                for p in rec.points("eventbus.partner.open_for")}
+    assert states == {"acme": 2, "globex": 0} and open_for == {"acme": 45.0, "globex": 0.0}
+    assert rec.points("eventbus.partner.parked") == []
+
+
+def test_a_store_that_cannot_answer_reports_no_partner_gauges() -> None:
+    class Down:
+        def breakers(self) -> None:
+            raise OSError("down")
+
+        def parked_counts(self) -> None:
+            raise OSError("down")
+
+    _, rec, _ = metered_bus(tracing=False)
+    rec.telemetry.watch_partners(Down())
+    assert rec.points("eventbus.partner.breaker_state") == []
+    assert rec.points("eventbus.partner.parked") == []

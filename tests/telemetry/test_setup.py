@@ -164,7 +164,7 @@ def test_an_unreachable_mongo_store_raises_store_unavailable() -> None:
 # --- import rules ------------------------------------------------------------------------
 
 OTEL_MODULES = {"eventbus/telemetry/otel.py", "eventbus/telemetry/providers.py",
-                "eventbus/telemetry/stages.py"}
+                "eventbus/telemetry/stages.py", "eventbus/telemetry/partners.py"}
 
 
 def imported(path: Path) -> set[str]:
@@ -177,7 +177,7 @@ def imported(path: Path) -> set[str]:
     return names
 
 
-def test_only_otel_stages_and_providers_import_opentelemetry() -> None:
+def test_only_otel_stages_providers_and_partners_import_opentelemetry() -> None:
     found = {path.relative_to(SRC).as_posix() for path in (SRC / "eventbus").rglob("*.py")
              if any(name.split(".")[0] in ("opentelemetry", "prometheus_client")
                     for name in imported(path))}
@@ -229,6 +229,7 @@ def test_no_private_opentelemetry_name_in_the_library() -> None:
 
 
 def test_the_telemetry_package_stays_small() -> None:
+    # 800, plus the partner gauges (telemetry/partners.py, issue 24).
     lines = sum(len(path.read_text().splitlines())
                 for path in (SRC / "eventbus" / "telemetry").glob("*.py"))
-    assert lines <= 800
+    assert lines <= 880

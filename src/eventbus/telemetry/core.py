@@ -54,6 +54,9 @@ class Telemetry:
     def watch_outbox(self, store: Any) -> None:
         """Report the age of the oldest pending outbox entry of ``store`` (a gauge)."""
 
+    def watch_partners(self, store: Any) -> None:
+        """Report each partner's breaker state, time open and parked events (gauges)."""
+
     def metrics_page(self) -> tuple[bytes, str] | None:
         """Return the Prometheus text page and its content type; None without one."""
         return None

@@ -18,7 +18,9 @@ Metrics (when a meter provider is given), SDK instruments on this instance's met
   and outcome (``replayed`` for a processed record with a replay audit);
 * ``messaging.process.duration`` (s): the handler's run, with ``error.type``;
 * ``eventbus.event.end_to_end`` (s): ``publishTime`` to the final outcome;
-* ``eventbus.event.attempts``; ``eventbus.outbox.oldest_pending_age`` (s, a gauge).
+* ``eventbus.event.attempts``; ``eventbus.outbox.oldest_pending_age`` (s, a gauge);
+* per partner, from the store: ``eventbus.partner.breaker_state``, ``.open_for``
+  (s) and ``.parked`` (``eventbus.telemetry.partners``).
 
 ``eventbus.event_type`` comes only from routed events (the claim's), so a
 flood of made-up types cannot grow the series; other deliveries count as
@@ -204,6 +206,14 @@ class OtelTelemetry(Telemetry):
             return []
         return [Measurement(0.0 if oldest is None else
                             max((self.now() - oldest).total_seconds(), 0.0))]
+
+    def watch_partners(self, store: Any) -> None:
+        """Observe each partner's breaker and parked events in ``store`` (``partner_gauges``)."""
+        if self.meter is None or not hasattr(store, "breakers"):
+            return
+        from eventbus.telemetry.partners import partner_gauges
+
+        partner_gauges(self.meter, store, self.now)
 
     def metrics_page(self) -> tuple[bytes, str] | None:
         """Return the Prometheus text page of this instance's metrics, when so configured."""
