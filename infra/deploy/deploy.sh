@@ -35,6 +35,7 @@ Optional (a value given is written to the stack's config; one not given keeps th
   AUDIENCE                OIDC audience of the pushes (default: derived, see README)
   NOTIFICATION_CHANNELS   comma-separated monitoring notification channel names for alerts
   ERROR_RATE_THRESHOLD    5xx responses per second that raise the 5xx alert (default 0.5)
+  BREAKER_ALERT_SECONDS   a partner's breaker open this long raises an alert (default 1800)
   RELAY_SCHEDULE          cron of the outbox relay job (default */5 * * * *)
   REDRIVE_SCHEDULE        cron of the redrive job (default */10 * * * *)
   DRAIN_SCHEDULE          cron of the dead-letter drain job (default */15 * * * *)
@@ -88,6 +89,7 @@ CONFIG_KEYS=(
   "CONSUMER consumer" "PULL_EVENT_TYPES pullEventTypes" "PULL_EXACTLY_ONCE pullExactlyOnce"
   "WORKER_INSTANCES workerInstances" "WORKER_BATCH_SIZE workerBatchSize"
   "WORKER_RATE workerRate" "PUBLIC_CONSUMERS publicConsumers"
+  "BREAKER_ALERT_SECONDS breakerAlertSeconds"
 )
 
 say() { printf '== %s\n' "$*" >&2; }

@@ -13,6 +13,8 @@ What it wires (see ``infra/deploy/README.md``):
 * Cloud Run jobs for the outbox relay, the store-driven redrive and the dead-letter drain,
   each run by Cloud Scheduler;
 * a log-based metric of events failed for good, and alerts on it and on the 5xx rate;
+* an alert when a partner's breaker stays open past ``breakerAlertSeconds`` (the
+  ``eventbus.partner.open_for`` gauge, exported with ``EVENTBUS_METRICS_EXPORTER=otlp``);
 * with ``consumer`` ``pull`` or ``both``, the pull worker beside or instead of the push
   handler: its subscription, identity, worker pool and alerts (``worker.py``);
 * the app's public topics with their schemas, and each declared consumer's own
@@ -50,6 +52,7 @@ FAILED_FOR_GOOD_LOG = (
     'AND jsonPayload.logType="REQUEST_INBOUND" AND jsonPayload.outcome="rejected" '
     "AND severity>=ERROR"
 )
+BREAKER_OPEN_FOR = 'metric.type="{metric}"'
 FIVE_XX = (
     'metric.type="run.googleapis.com/request_count" AND resource.type="cloud_run_revision" '
     'AND resource.label.service_name="{service}" AND metric.label.response_code_class="5xx"'
@@ -108,6 +111,10 @@ class DeployConfig:
     worker_rate: float = 0.0
     worker_args: tuple[str, ...] = ()
     backlog_alert_seconds: int = 3600
+    # Partner breakers: the gauge as Cloud Monitoring names it (OTLP metrics land under
+    # workload.googleapis.com/), and how long one may stay open before someone is told.
+    breaker_metric: str = "workload.googleapis.com/eventbus.partner.open_for"
+    breaker_alert_seconds: int = 1800
     # Public topics (public.py): the contract files, and who consumes which topic.
     public_contracts: str = ""
     public_consumers: tuple[str, ...] = ()
@@ -207,6 +214,7 @@ def config_problems(c: DeployConfig) -> list[str]:
             0 <= c.min_instances <= c.max_instances and c.max_instances >= 1,
         "target function needs functionSource (a zip of the source)":
             c.target != "function" or bool(c.function_source),
+        "breakerAlertSeconds must be >= 60": c.breaker_alert_seconds >= 60,
     }
     return [rule for rule, holds in rules.items() if not holds] + worker.config_problems(c) + \
         public.config_problems(c)
@@ -277,6 +285,7 @@ class _Stack:
             self.scheduled_job(spec)
         if self.c.push_enabled:
             self.alerts()
+        self.breaker_alert()
         return self.out
 
     # -- identities and messaging -------------------------------------------------------
@@ -556,6 +565,24 @@ class _Stack:
                                   c.error_rate_threshold),
                    "The handler answers 5xx (retries or errors) above the threshold per "
                    "second over 5 minutes: check MongoDB and the service's logs.")
+
+
+    def breaker_alert(self) -> None:
+        """A partner's breaker open longer than ``breakerAlertSeconds`` (push and pull alike)."""
+        c = self.c
+        condition = gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
+            filter=BREAKER_OPEN_FOR.format(metric=c.breaker_metric), comparison="COMPARISON_GT",
+            threshold_value=c.breaker_alert_seconds, duration="0s",
+            aggregations=[gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
+                alignment_period="300s", per_series_aligner="ALIGN_MAX",
+                cross_series_reducer="REDUCE_MAX",
+                group_by_fields=["metric.label.eventbus_partner"])])
+        self.alert("alert-breaker-open", f"{c.service}: a partner's breaker stays open",
+                   condition,
+                   f"A partner's breaker has been open for more than {c.breaker_alert_seconds} "
+                   "s: its events are parked (acked, kept in the store) until it answers. "
+                   "See `eventbus partners`; `eventbus partners close NAME --why ...` "
+                   "brings them back once the partner is fixed.")
 
 
 def exports(config: DeployConfig, resources: Resources) -> dict[str, Any]:

@@ -441,6 +441,22 @@ def alert_checks(c: Any) -> dict[str, Check]:
     }
 
 
+def breaker_checks(c: Any) -> dict[str, Check]:
+    """The alert on a partner's breaker left open (every consumer)."""
+    def check(rs: list[Recorded]) -> bool:
+        return any(
+            dig(i, "conditions")[0]["conditionThreshold"]["filter"]
+            == f'metric.type="{c.breaker_metric}"'
+            and dig(i, "conditions")[0]["conditionThreshold"]["thresholdValue"]
+            == c.breaker_alert_seconds
+            and dig(i, "conditions")[0]["conditionThreshold"]["aggregations"][0][
+                "perSeriesAligner"] == "ALIGN_MAX"
+            and i["notificationChannels"] == list(c.notification_channels)
+            for i in of_type(rs, "monitoring/alertPolicy:AlertPolicy"))
+
+    return {"alert: a partner's breaker open past breakerAlertSeconds": check}
+
+
 def worker_checks(c: Any) -> dict[str, Check]:
     """The pull worker's wiring (worker.py): subscription, grants, worker pool, alerts."""
     kind, sub = "pubsub/subscription:Subscription", {"name": c.pull_subscription}
@@ -552,7 +568,7 @@ def expectations(config: Any) -> dict[str, Check]:
     """Every piece of wiring a deployment of ``config`` must have, by description."""
     jobs = [job_checks(config, spec) for spec in config.jobs]
     checks = {**messaging_checks(config), **grant_checks(config), **public_checks(config),
-              **{k: v for checks in jobs for k, v in checks.items()}}
+              **breaker_checks(config), **{k: v for checks in jobs for k, v in checks.items()}}
     if config.push_enabled:
         target = service_checks(config) if config.target == "run" else function_checks(config)
         checks |= {**target, **alert_checks(config)}
@@ -677,6 +693,7 @@ def test_one_scheduled_job_each_for_relay_redrive_and_drain() -> None:
     ({"target": "gke"}, "target must be one of"),
     ({"max_delivery_attempts": 4}, "maxDeliveryAttempts must be 5..100"),
     ({"max_delivery_attempts": 101}, "maxDeliveryAttempts must be 5..100"),
+    ({"breaker_alert_seconds": 30}, "breakerAlertSeconds must be >= 60"),
     ({"max_backoff_seconds": 601}, "backoff"),
     ({"min_backoff_seconds": 700}, "backoff"),
     ({"retention_seconds": 32 * 86400}, "retention"),
