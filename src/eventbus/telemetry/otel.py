@@ -20,7 +20,7 @@ Metrics (when a meter provider is given), SDK instruments on this instance's met
 * ``eventbus.event.end_to_end`` (s): ``publishTime`` to the final outcome;
 * ``eventbus.event.attempts``; ``eventbus.outbox.oldest_pending_age`` (s, a gauge);
 * per partner, from the store: ``eventbus.partner.breaker_state``, ``.open_for``
-  (s) and ``.parked`` (``eventbus.telemetry.partners``).
+  (s) and ``.parked`` (``eventbus.telemetry.partner_gauges``).
 
 ``eventbus.event_type`` comes only from routed events (the claim's), so a
 flood of made-up types cannot grow the series; other deliveries count as
@@ -211,7 +211,7 @@ class OtelTelemetry(Telemetry):
         """Observe each partner's breaker and parked events in ``store`` (``partner_gauges``)."""
         if self.meter is None or not hasattr(store, "breakers"):
             return
-        from eventbus.telemetry.partners import partner_gauges
+        from eventbus.telemetry.partner_gauges import partner_gauges
 
         partner_gauges(self.meter, store, self.now)
 

@@ -11,8 +11,7 @@ import flask
 
 from eventbus.model.errors import Forbidden, InvalidEvent, PublishError, Unauthenticated
 from eventbus.model.event import json_object
-from eventbus.ops import correct
-from eventbus.ops import partners as breakers
+from eventbus.ops import breakers, correct
 from eventbus.ops import reports as ops
 from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced

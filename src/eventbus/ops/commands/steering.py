@@ -1,14 +1,14 @@
 """``eventbus partners``: each partner's breaker, failures, parked events and rate;
 ``eventbus partners open|close NAME --why ...`` holds a breaker open or closes it, audited
-(``eventbus.ops.partners``)."""
+(``eventbus.ops.breakers``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from eventbus.ops.breakers import PartnerView, SteerError, describe, steer, views
 from eventbus.ops.commands.common import Tools, UsageError, add_json
-from eventbus.ops.partners import PartnerView, SteerError, describe, steer, views
 from eventbus.ops.render import safe, table
 
 

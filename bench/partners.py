@@ -1,0 +1,462 @@
+"""One partner down for a while, one healthy: what the healthy one notices, through push and pull.
+
+    .venv/bin/python bench/partners.py [--runs 3] [--phase 15] [--down hang|503] [--quick]
+
+Two partners behind a local HTTP server: ``healthy`` answers 204 at once;
+``flaky`` answers 204 too, except during the *down* phase, when it hangs past
+the call's deadline (``--down hang``, the default: a partner that times out)
+or answers 503 at once (``--down 503``). Events alternate between the two.
+The handler is the partner app's own call (``bench/partner_handlers.py``:
+guard, breaker, deadline) on the real store (``MONGODB_URI``, else the local
+server of the ``localdb`` tool, a throwaway database).
+
+Each scenario runs three phases of ``--phase`` seconds: both healthy, flaky
+down, flaky back (this last one until every flaky event is SUCCESS, or 90 s).
+A redrive sweep runs every second, publishing straight to the consumer (as
+Pub/Sub would push or hand it out). Scenarios:
+
+* ``push``: ``gunicorn main:app`` (2 workers x 4 threads), ``--concurrency``
+  client threads posting push bodies;
+* ``worker``: the real ``PullWorker`` over the real ``Processor``, batches of
+  ``--batch`` (half each partner) from an in-process source, handlers in 8
+  threads;
+
+each with the breaker (``EVENTBUS_BREAKER_FAILURES=5``, open 5 s, probe 5 s)
+and without it (failures 10^9: today's behaviour, every dead call made).
+
+Figures per scenario: the healthy partner's events/s while flaky is down
+divided by the same with both up (target >= 0.9), the same for its p99
+latency (push: per request; worker: per batch); calls made to the dead
+partner while down (how many before the breaker opened, how many after: the
+probes); the time from flaky's recovery to its last event stored SUCCESS; and
+duplicate deliveries (2xx answers per ``Idempotency-Key`` beyond the first).
+
+What it cannot show: Pub/Sub slowing a whole push subscription when its
+success rate drops (nothing here is Pub/Sub; without the breaker the dead
+partner's events answer 503 and are not redelivered, so "recovery" is n/a).
+What it shows is the other half: a dead partner's calls holding the
+service's threads (or a batch) while the healthy partner's events wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+import requests  # noqa: E402
+
+from bench.pull import Message, database_uri  # noqa: E402
+from eventbus.processor import Intake, Processor  # noqa: E402
+from eventbus.settings import Settings  # noqa: E402
+from eventbus.store.mongo import MongoEventStore  # noqa: E402
+from eventbus.workers.pull import Inbox, PullWorker  # noqa: E402
+from eventbus.workers.redrive import Redriver  # noqa: E402
+
+HEALTHY, FLAKY = "healthy", "flaky"
+TIMEOUT = 1.0
+NO_BREAKER = 10**9
+
+
+@dataclass
+class Knobs:
+    """What one run does."""
+
+    phase: float = 15.0
+    down: str = "hang"
+    concurrency: int = 8
+    batch: int = 20
+    open_seconds: float = 5.0
+
+
+# -- the partners --------------------------------------------------------------------------
+
+class Partners:
+    """The two partners' HTTP server: who is down, and every call with its time and answer."""
+
+    def __init__(self, down_mode: str) -> None:
+        self.down: set[str] = set()
+        self.mode = down_mode
+        self.calls: list[tuple[float, str, str, int]] = []
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    @property
+    def template(self) -> str:
+        """``BENCH_PARTNER_URL``."""
+        return f"http://127.0.0.1:{self.server.server_port}/{{partnerId}}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        partners = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                partner, status = self.path.strip("/"), 204
+                if partner in partners.down:
+                    status = 503
+                    if partners.mode == "hang":
+                        time.sleep(TIMEOUT * 1.5)
+                with partners.lock:
+                    partners.calls.append((time.monotonic(), partner,
+                                           self.headers.get("Idempotency-Key", ""), status))
+                with contextlib.suppress(OSError):  # the caller gave up (its deadline)
+                    self.send_response(status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                """Quiet."""
+
+        return Handler
+
+    def duplicates(self) -> int:
+        """2xx answers per key beyond the first."""
+        counts = collections.Counter(key for _, _, key, status in self.calls if status < 300)
+        return sum(n - 1 for n in counts.values() if n > 1)
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def event(partner: str, n: int, tag: str) -> tuple[bytes, dict[str, str]]:
+    """One bench event for ``partner``: its body and attributes."""
+    body = {"event_type": "BENCH_PARTNER", "event_version": "v1",
+            "entity_metadata": {"partnerId": partner, "entity_id": f"e-{n}",
+                                "entity_type": "Bench"}, "entity_data": {"n": n}}
+    return json.dumps(body).encode(), {"idempotency_key": f"{tag}-{n}"}
+
+
+# -- what a scenario records -------------------------------------------------------------------
+
+@dataclass
+class Timeline:
+    """Phase boundaries (monotonic), answers, and the breaker as polled."""
+
+    start: float = 0.0
+    down_at: float = 0.0
+    up_at: float = 0.0
+    answers: list[tuple[float, float, str, bool]] = field(default_factory=list)
+    """(started, latency, partner, processed)."""
+    first_open: float | None = None
+    half_opens: int = 0
+    recovered: float | None = None
+
+    def healthy(self, since: float, until: float) -> tuple[float, float]:
+        """Healthy events/s and p99 latency (s) among answers started in [since, until)."""
+        found = [lat for at, lat, partner, ok in self.answers
+                 if partner == HEALTHY and ok and since <= at < until]
+        if len(found) < 2:
+            return 0.0, float("nan")
+        return len(found) / (until - since), statistics.quantiles(found, n=100)[98]
+
+
+@dataclass
+class Figures:
+    """One scenario's results."""
+
+    name: str
+    rate_ratio: float
+    p99_ratio: float
+    rate_both: float
+    rate_down: float
+    dead_calls: int
+    to_open: int
+    while_open: int
+    half_opens: int
+    recovery: float | None
+    duplicates: int
+
+
+def figures(name: str, line: Timeline, partners: Partners) -> Figures:
+    """Reduce a timeline to the bench's figures."""
+    rate_both, p99_both = line.healthy(line.start, line.down_at)
+    rate_down, p99_down = line.healthy(line.down_at, line.up_at)
+    dead = [at for at, partner, _, status in partners.calls
+            if partner == FLAKY and line.down_at <= at < line.up_at and status >= 300]
+    opened = line.first_open if line.first_open is not None else float("inf")
+    to_open = sum(1 for at in dead if at < opened)
+    recovery = None if line.recovered is None else line.recovered - line.up_at
+    return Figures(name, rate_down / rate_both if rate_both else 0.0, p99_down / p99_both,
+                   rate_both, rate_down, len(dead), to_open, len(dead) - to_open,
+                   line.half_opens, recovery, partners.duplicates())
+
+
+# -- the scenarios ----------------------------------------------------------------------------
+
+def settings(uri: str, db: str, breaker: bool) -> Settings:
+    """The service's settings: the bench's breaker (or none), a quiet log."""
+    return Settings(mongodb_uri=uri, mongodb_db=db, relay_inline=False,
+                    breaker_failures=5 if breaker else NO_BREAKER, breaker_open_seconds=5,
+                    breaker_probe_seconds=5, breaker_open_cap_seconds=20, log_level="WARNING")
+
+
+def environment(config: Settings, partners: Partners) -> dict[str, str]:
+    """The service's environment for ``config``."""
+    return {"MONGODB_URI": config.mongodb_uri, "MONGODB_DB": config.mongodb_db,
+            "EVENTBUS_HANDLER_MODULES": "bench.partner_handlers",
+            "BENCH_PARTNER_URL": partners.template, "BENCH_PARTNER_TIMEOUT": str(TIMEOUT),
+            "EVENTBUS_RELAY_INLINE": "false", "LOG_LEVEL": "WARNING",
+            "EVENTBUS_BREAKER_FAILURES": str(config.breaker_failures),
+            "EVENTBUS_BREAKER_OPEN_SECONDS": str(config.breaker_open_seconds),
+            "EVENTBUS_BREAKER_PROBE_SECONDS": str(config.breaker_probe_seconds),
+            "EVENTBUS_BREAKER_OPEN_CAP_SECONDS": str(config.breaker_open_cap_seconds)}
+
+
+class Sweeper:
+    """The redrive, once a second, publishing through ``send``; and the breaker, polled."""
+
+    def __init__(self, store: MongoEventStore, config: Settings, send: Callable[[bytes, dict[
+            str, str]], None], line: Timeline) -> None:
+        from bench.partner_handlers import routes
+
+        self.store, self.line, self.stop = store, line, threading.Event()
+        publisher = _Publisher(send)
+        self.redriver = Redriver(store, publisher, config, now=lambda: datetime.now(UTC),
+                                 locate=Intake(store, routes).locate)
+        self.threads = [threading.Thread(target=self._redrive, daemon=True),
+                        threading.Thread(target=self._poll, daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def _redrive(self) -> None:
+        while not self.stop.wait(1.0):
+            with contextlib.suppress(Exception):
+                self.redriver.sweep()
+
+    def _poll(self) -> None:
+        state = "closed"
+        while not self.stop.wait(0.05):
+            with contextlib.suppress(Exception):
+                found = str((self.store.breaker_get(FLAKY) or {}).get("state", "closed"))
+                if found != "closed" and self.line.first_open is None:
+                    self.line.first_open = time.monotonic()
+                self.line.half_opens += found == "half_open" and state != "half_open"
+                state = found
+
+    def close(self) -> None:
+        """Stop both loops."""
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(5)
+
+
+@dataclass
+class _Publisher:
+    send: Callable[[bytes, dict[str, str]], None]
+
+    def publish_message(self, data: bytes, attributes: Any = None, *, ordering_key: Any = None,
+                        timeout: Any = None, topic: Any = None) -> str:
+        """Hand the message straight to the consumer."""
+        self.send(data, dict(attributes or {}))
+        return uuid.uuid4().hex
+
+
+def phases(line: Timeline, knobs: Knobs, partners: Partners, store: MongoEventStore,
+           breaker: bool) -> None:
+    """Run the three phases while the load runs; wait for recovery (with the breaker)."""
+    line.start = time.monotonic()
+    time.sleep(knobs.phase)
+    line.down_at = time.monotonic()
+    partners.down.add(FLAKY)
+    time.sleep(knobs.phase)
+    line.up_at = time.monotonic()
+    partners.down.clear()
+    deadline = time.monotonic() + (90 if breaker else 2)
+    while breaker and time.monotonic() < deadline:
+        left = store.collection.count_documents({"entity_metadata.partnerId": FLAKY,
+                                                 "event_status": {"$ne": "SUCCESS"}})
+        if left == 0:
+            line.recovered = time.monotonic()
+            return
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def fresh(uri: str, breaker: bool) -> Iterator[tuple[Settings, MongoEventStore]]:
+    """A throwaway database and a store on it."""
+    config = settings(uri, f"bench_partners_{uuid.uuid4().hex[:8]}", breaker)
+    store = MongoEventStore.from_settings(config)
+    store.ensure_indexes()
+    try:
+        yield config, store
+    finally:
+        store.collection.database.client.drop_database(config.mongodb_db)
+        store.close()
+
+
+def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
+    """gunicorn main:app, ``knobs.concurrency`` clients posting push bodies."""
+    from tests.e2e.harness import ServiceProcess
+
+    partners, line, stop = Partners(knobs.down), Timeline(), threading.Event()
+    with fresh(uri, breaker) as (config, store):
+        service = ServiceProcess(Path(tempfile.gettempdir()) / "bench-partners.log",
+                                 env=environment(config, partners))
+        url = service.start()
+        sweeper = Sweeper(store, config, lambda data, attrs: _push(requests, url, data, attrs),
+                          line)
+        tag, counter = uuid.uuid4().hex[:6], iter(range(10**9))
+        clients = [threading.Thread(target=_client, args=(url, tag, counter, line, stop),
+                                    daemon=True) for _ in range(knobs.concurrency)]
+        try:
+            for client in clients:
+                client.start()
+            phases(line, knobs, partners, store, breaker)
+        finally:
+            stop.set()
+            for client in clients:
+                client.join(10)
+            sweeper.close()
+            service.stop()
+            partners.close()
+    return figures(f"push, {'breaker' if breaker else 'no breaker (today)'}", line, partners)
+
+
+def _push(http: Any, url: str, data: bytes, attributes: dict[str, str]) -> dict[str, Any]:
+    import base64
+
+    body = {"message": {"data": base64.b64encode(data).decode(), "attributes": attributes,
+                        "messageId": uuid.uuid4().hex},
+            "subscription": "projects/local-project/subscriptions/bench"}
+    answer = http.post(url, json=body, timeout=30)
+    return dict(answer.json()) if answer.content else {}
+
+
+def _client(url: str, tag: str, counter: Iterator[int], line: Timeline,
+            stop: threading.Event) -> None:
+    http = requests.Session()
+    while not stop.is_set():
+        n = next(counter)
+        partner = HEALTHY if n % 2 == 0 else FLAKY
+        started = time.monotonic()
+        try:
+            answer = _push(http, url, *event(partner, n, tag))
+        except (requests.RequestException, ValueError):
+            answer = {}
+        line.answers.append((started, time.monotonic() - started, partner,
+                             answer.get("outcome") == "processed"))
+
+
+def worker_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
+    """The real PullWorker over the real Processor, batches from an in-process source."""
+    partners, line = Partners(knobs.down), Timeline()
+    os.environ.update(BENCH_PARTNER_URL=partners.template, BENCH_PARTNER_TIMEOUT=str(TIMEOUT))
+    from bench.partner_handlers import routes
+
+    with fresh(uri, breaker) as (config, store):
+        processor = Processor(store, routes, config, lambda: datetime.now(UTC), concurrency=8)
+        worker = PullWorker(processor, Inbox(), subscription="bench", batch_size=knobs.batch)
+        redriven: collections.deque[Message] = collections.deque()
+        sweeper = Sweeper(store, config, lambda data, attrs: redriven.append(
+            _message(data, attrs)), line)
+        stop = threading.Event()
+        driver = threading.Thread(target=_drive, args=(worker, knobs, redriven, line, stop),
+                                  daemon=True)
+        try:
+            driver.start()
+            phases(line, knobs, partners, store, breaker)
+        finally:
+            stop.set()
+            driver.join(30)
+            sweeper.close()
+            processor.close()
+            partners.close()
+    return figures(f"worker, {'breaker' if breaker else 'no breaker (today)'}", line, partners)
+
+
+def _message(data: bytes, attributes: dict[str, str]) -> Message:
+    message = Message(0, "redrive")
+    message.data, message.attributes = data, attributes
+    return message
+
+
+def _drive(worker: PullWorker, knobs: Knobs, redriven: collections.deque[Message],
+           line: Timeline, stop: threading.Event) -> None:
+    tag, n = uuid.uuid4().hex[:6], 0
+    while not stop.is_set():
+        batch = [redriven.popleft() for _ in range(min(len(redriven), knobs.batch // 2))]
+        for _ in range(knobs.batch - len(batch)):
+            message = _message(*event(HEALTHY if n % 2 == 0 else FLAKY, n, tag))
+            batch.append(message)
+            n += 1
+        started = time.monotonic()
+        results = worker.run_batch(batch)
+        took = time.monotonic() - started
+        for message, result in zip(batch, results, strict=True):
+            partner = json.loads(message.data)["entity_metadata"]["partnerId"]
+            line.answers.append((started, took, partner, result.outcome.value == "processed"))
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+def table(rows: list[Figures]) -> str:
+    """The Markdown table of ``rows``."""
+    lines = ["| scenario | healthy events/s, both up | while flaky down | ratio | p99 ratio "
+             "| calls to flaky while down (to open + after) | half-open windows "
+             "| recovery s | duplicates |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        recovery = "n/a" if row.recovery is None else f"{row.recovery:.1f}"
+        lines.append(f"| {row.name} | {row.rate_both:.0f} | {row.rate_down:.0f} | "
+                     f"{row.rate_ratio:.2f} | {row.p99_ratio:.2f} | {row.dead_calls} "
+                     f"({row.to_open} + {row.while_open}) | {row.half_opens} | {recovery} | "
+                     f"{row.duplicates} |")
+    return "\n".join(lines)
+
+
+def median(runs: list[list[Figures]]) -> list[Figures]:
+    """Each figure's median over the runs, row by row."""
+    rows = []
+    for same in zip(*runs, strict=True):
+        def med(name: str, same: tuple[Figures, ...] = same) -> Any:
+            values = [getattr(row, name) for row in same if getattr(row, name) is not None]
+            return statistics.median(values) if values else None
+        rows.append(Figures(same[0].name, *(med(name) for name in (
+            "rate_ratio", "p99_ratio", "rate_both", "rate_down", "dead_calls", "to_open",
+            "while_open", "half_opens", "recovery", "duplicates"))))
+    return rows
+
+
+def main() -> None:
+    """Run the scenarios ``--runs`` times; print each run's table and the medians."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--phase", type=float, default=15.0)
+    parser.add_argument("--down", choices=("hang", "503"), default="hang")
+    parser.add_argument("--quick", action="store_true", help="phases of 6 s")
+    args = parser.parse_args()
+    knobs = Knobs(phase=6.0 if args.quick else args.phase, down=args.down)
+    uri, runs = database_uri(), []
+    for run in range(args.runs):
+        rows = [scenario(uri, knobs, breaker) for scenario in (push_scenario, worker_scenario)
+                for breaker in (True, False)]
+        print(f"run {run + 1}:\n{table(rows)}\n", flush=True)
+        runs.append(rows)
+    if args.runs > 1:
+        print(f"median of {args.runs} runs:\n{table(median(runs))}")
+
+
+if __name__ == "__main__":
+    main()
