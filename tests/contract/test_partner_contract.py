@@ -273,3 +273,9 @@ def test_unpark_makes_a_partners_parked_events_due_now(store: EventStore,
     assert store.unpark("acme", now) == 1
     due = {record["idempotency_key"] for record in store.redrivable(now, now, 10)}
     assert due == {keys["acme"]}
+
+
+def test_reset_forgets_the_breakers_too(store: EventStore, clock: FakeClock) -> None:
+    fail(partners(store, clock))
+    store.reset()
+    assert store.breaker_get("acme") is None and store.breakers() == []

@@ -290,6 +290,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         with self._lock:
             self._events.clear()
             self._guards.clear()
+            self._partners.clear()
 
     def oldest_pending_outbox(self) -> datetime | None:
         """Return when the oldest PENDING outbox entry was created; None when none is."""
