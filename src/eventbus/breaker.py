@@ -17,7 +17,8 @@ A handler makes an outbound call through its partner::
 * **Parked.** A call the breaker or the rate does not let through raises
   ``BreakerOpen`` or ``RateLimited`` (``PartnerPaused``) with the time it may
   go through; the processor parks the event until then (stored, acked) and
-  the store-driven redrive brings it back. The failure that opens the
+  the store-driven redrive brings it back (all of them at once when a probe
+  closes the breaker: ``EventStore.unpark``). The failure that opens the
   breaker, or fails its probe, raises ``BreakerOpen`` too (from the error), so
   the probing event waits with the others instead of spending its redrives.
 
@@ -64,6 +65,10 @@ class PartnerStore(Protocol):
 
     def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
         """Count one call in the window; return the count."""
+        ...
+
+    def unpark(self, name: str, now: datetime) -> int:
+        """Make the events parked for ``name`` due for the redrive now."""
         ...
 
 
@@ -272,7 +277,12 @@ class Partner:
             is Classification.PERMANENT
         try:
             if answered:
-                swap(store, self.name, succeeded, seen)
+                closed = swap(store, self.name, succeeded, seen)
+                if closed is not None and seen.state != CLOSED:
+                    # It answers again: what waited for it comes back at the next sweep,
+                    # not at each event's own reopening time.
+                    logger.info("breaker %s closed", self.name)
+                    store.unpark(self.name, now)
                 return None
             error = f"{type(exc).__name__}: {exc}"
             after = swap(store, self.name, lambda state: failed(state, now, policy, error), seen)

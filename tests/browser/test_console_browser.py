@@ -128,3 +128,30 @@ def test_replay_without_the_token_or_the_csrf_token_is_refused(
     operator.close()
     record = console.bus.store.get(key)
     assert "replays" not in record and console.pusher.sent == 0
+
+
+def test_the_partners_page_holds_a_breaker_open_and_closes_it(
+        browser: Any, console: Console, tmp_path: Path) -> None:
+    from tests.ops.test_partners_command import break_partner, park
+
+    hostile = "<img src=x onerror=alert(3)>"
+    break_partner(console.bus, "acme", hostile)
+    park(console.bus, hostile)
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(console.signed_in("/partners"))
+    rows = page.locator("#partners tbody tr")
+    assert rows.count() == 2 and page.locator("img").count() == 0
+    acme = page.locator("#partners tbody tr", has_text="acme")
+    assert "open, until" in acme.inner_text() and hostile in acme.inner_text()
+    acme.locator("input[name=why]").fill("partner fixed")
+    acme.get_by_role("button", name="Close").click()
+    assert "closed" in page.locator("#partners tbody tr", has_text="acme").inner_text()
+    other = page.locator("#partners tbody tr", has_text=hostile)
+    other.locator("input[name=why]").fill("maintenance")
+    other.get_by_role("button", name="Hold open").click()
+    assert "held open by" in page.locator("#partners tbody tr", has_text=hostile).inner_text()
+    shot(page, tmp_path, "partners")
+    assert dialogs == []
+    page.close()

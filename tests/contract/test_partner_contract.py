@@ -279,3 +279,20 @@ def test_reset_forgets_the_breakers_too(store: EventStore, clock: FakeClock) -> 
     fail(partners(store, clock))
     store.reset()
     assert store.breaker_get("acme") is None and store.breakers() == []
+
+
+def test_a_probe_that_closes_the_breaker_brings_its_parked_events_back(
+        store: EventStore, clock: FakeClock) -> None:
+    from tests.contract.conftest import FIELDS, new_key
+
+    group, key, later = partners(store, clock), new_key(), clock() + timedelta(hours=1)
+    fail(group)
+    claim = store.claim(key, FIELDS, clock())
+    store.fail(key, claim.owner, clock(), {"type": "BreakerOpen", "message": "",
+                                           "classification": "parked", "partner": "acme",
+                                           "until": later, "parks": 1},
+               retryable=True, redrive_at=later)
+    clock.advance(30)
+    assert {r["idempotency_key"] for r in store.redrivable(clock(), clock(), 10)} == set()
+    group.get("acme").call(lambda: None)  # the probe answers
+    assert {r["idempotency_key"] for r in store.redrivable(clock(), clock(), 10)} == {key}
