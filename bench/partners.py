@@ -307,8 +307,21 @@ def fresh(uri: str, breaker: bool) -> Iterator[tuple[Settings, MongoEventStore]]
     try:
         yield config, store
     finally:
-        store.collection.database.client.drop_database(config.mongodb_db)
         store.close()
+        _drop(uri, config.mongodb_db)
+
+
+def _drop(uri: str, name: str) -> None:
+    """Drop the bench's database; a slow server (DocumentDB under load) gets a minute."""
+    from pymongo import MongoClient
+
+    client: MongoClient[dict[str, Any]] = MongoClient(uri, socketTimeoutMS=60_000)
+    try:
+        client.drop_database(name)
+    except Exception as exc:  # leave it to the operator, do not lose the figures
+        print(f"bench: database {name} not dropped: {exc}", file=sys.stderr)
+    finally:
+        client.close()
 
 
 def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
