@@ -204,3 +204,24 @@ def test_the_partner_apps_client_stops_calling_a_down_partner() -> None:
         assert failures == [PartnerUnavailable] * 2 + [BreakerOpen] * 3
         assert len(server.calls) == 3
         assert (store.guard_get("k-4") or {})["status"] == "FAILED"  # lease released
+
+
+def test_a_redrive_pass_sends_a_paused_partner_one_probe_and_a_closed_one_everything() -> None:
+    partners = Partners()
+    partners.down.add("down")
+    store, run, redriver, publisher, clock = setup(partners)
+    for n in range(8):
+        run.process(delivery("down", n))  # two failures open it; six parked
+    clock.advance(31)
+    report = redriver.sweep()
+    assert report.republished == 1 and report.waiting >= 5  # one probe, the rest wait
+    assert redeliver(run, publisher) == [Outcome.PARKED]  # the probe failed: open again
+    assert redriver.sweep().republished == 0  # open: nothing goes
+    partners.down.clear()
+    clock.advance(61)
+    # The next probe, and the two that failed before it opened (nacked, not parked).
+    assert redriver.sweep().republished == 3
+    assert redeliver(run, publisher) == [Outcome.PROCESSED] * 3  # it answers: closed, unparked
+    assert redriver.sweep().republished == 5
+    assert redeliver(run, publisher) == [Outcome.PROCESSED] * 5
+    assert partners.delivered == {key("down", n): 1 for n in range(8)}

@@ -40,6 +40,7 @@ PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/mongo_batch.py",
 FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
+                      "eventbus.breaker",
                       "eventbus.store.documents", "eventbus.processor", "eventbus.outbox",
                       "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers",
                       "eventbus.assembly")

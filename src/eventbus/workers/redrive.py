@@ -10,7 +10,9 @@ key and attributes, so the normal push path claims and runs it. Each redrive
 is counted and the next one backs off (doubling, capped); after
 ``EVENTBUS_REDRIVE_MAX`` redrives the event is given up for good, and the
 attempt cap applies as always. Republishing is at least once: the claim
-deduplicates a message that comes twice.
+deduplicates a message that comes twice. Parked events come back as their
+partner's breaker lets them (``eventbus.workers.parked``): all of a closed
+one's, one probe of an open one's whose time has come, none otherwise.
 
 The message is rebuilt from the record as a replay rebuilds it
 (``eventbus.workers.rebuild``); ``eventbus redrive`` runs the sweeps
@@ -33,6 +35,7 @@ from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.store.documents.parking import parks
+from eventbus.workers.parked import Gate
 from eventbus.workers.rebuild import NotReplayable, build
 
 logger = logging.getLogger("eventbus.redrive")
@@ -50,10 +53,12 @@ class RedriveReport:
     stays due and the next sweep tries again."""
     skipped: int = 0
     """Another sweeper (or a delivery) changed the record first."""
+    waiting: int = 0
+    """Parked for a partner whose breaker does not let them through yet (``workers.parked``)."""
 
     def __str__(self) -> str:
         return (f"republished {self.republished}, abandoned {self.abandoned}, "
-                f"failed {self.failed}, skipped {self.skipped}")
+                f"failed {self.failed}, skipped {self.skipped}, waiting {self.waiting}")
 
 
 def _why(record: Mapping[str, Any], redrives: int) -> str:
@@ -71,6 +76,7 @@ class Redriver:
                  now: Callable[[], datetime], locate: Callable[[Delivery], Located]) -> None:
         self.store, self.publisher, self.settings = store, publisher, settings
         self.now, self.locate = now, locate
+        self._gate = Gate(store, settings, now())
 
     def sweep(self, limit: int = 500) -> RedriveReport:
         """Redrive or give up every record that is due, at most ``limit`` of them.
@@ -81,6 +87,7 @@ class Redriver:
         """
         now = self.now()
         report, seen = RedriveReport(), set[str]()
+        self._gate = Gate(self.store, self.settings, now)
         while report.republished + report.abandoned < limit:
             page = self.store.redrivable(now, now - self.store.lease,
                                          limit - report.republished - report.abandoned, seen)
@@ -93,6 +100,9 @@ class Redriver:
         return report
 
     def _redrive(self, record: Mapping[str, Any], now: datetime, report: RedriveReport) -> None:
+        if not self._gate.lets_through(record):
+            report.waiting += 1  # stays due, unchanged: its partner is still paused
+            return
         key, redrives = str(record["idempotency_key"]), int(record.get("redrives") or 0)
         # A redrive that ended parked found the partner paused: it spends nothing.
         spent = max(0, redrives - parks(record))
