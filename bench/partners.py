@@ -210,8 +210,9 @@ def figures(name: str, line: Timeline, partners: Partners) -> Figures:
 
 def settings(uri: str, db: str, breaker: bool) -> Settings:
     """The service's settings: the bench's breaker (or none), a quiet log."""
-    # A nacked event comes back after 2 s: Pub/Sub's redelivery, which nothing here does.
-    return Settings(mongodb_uri=uri, mongodb_db=db, relay_inline=False, redrive_after_seconds=2,
+    # A nacked event comes back after 10 s: Pub/Sub's redelivery, which nothing here does
+    # (shorter, and a backlog of redriven messages not yet consumed is redriven again).
+    return Settings(mongodb_uri=uri, mongodb_db=db, relay_inline=False, redrive_after_seconds=10,
                     breaker_failures=5 if breaker else NO_BREAKER, breaker_open_seconds=5,
                     breaker_probe_seconds=5, breaker_open_cap_seconds=20, log_level="ERROR")
 
@@ -420,7 +421,8 @@ def _drive(worker: PullWorker, knobs: Knobs, redriven: collections.deque[Message
            line: Timeline, stop: threading.Event) -> None:
     tag, n = uuid.uuid4().hex[:6], 0
     while not stop.is_set():
-        batch = [redriven.popleft() for _ in range(min(len(redriven), knobs.batch // 2))]
+        # Redriven messages first, as a subscription's backlog would come, with new ones beside.
+        batch = [redriven.popleft() for _ in range(min(len(redriven), knobs.batch * 3 // 4))]
         for _ in range(knobs.batch - len(batch)):
             message = _message(*event(HEALTHY if n % 2 == 0 else FLAKY, n, tag))
             batch.append(message)
