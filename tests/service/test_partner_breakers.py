@@ -209,7 +209,7 @@ def test_the_partner_apps_client_stops_calling_a_down_partner() -> None:
 def test_a_redrive_pass_sends_a_paused_partner_one_probe_and_a_closed_one_everything() -> None:
     partners = Partners()
     partners.down.add("down")
-    store, run, redriver, publisher, clock = setup(partners)
+    _store, run, redriver, publisher, clock = setup(partners)
     for n in range(8):
         run.process(delivery("down", n))  # two failures open it; six parked
     clock.advance(31)
