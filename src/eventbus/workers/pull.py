@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eventbus.assembly import assemble
+from eventbus.correlation import logs
 from eventbus.model.delivery import Delivery
-from eventbus.model.errors import Classifier
+from eventbus.model.errors import Classifier, StoreUnavailable
 from eventbus.model.router import Router
 from eventbus.processor import Clock, Processor, Result
 from eventbus.pubsub.message import MessagePublisher
@@ -220,11 +221,16 @@ def create_worker(router: Router, settings: Settings | None = None,
     (default ``Settings.from_env()``), as for the push app.
     """
     settings = settings or Settings.from_env()
+    logs.configure(settings.service, settings.log_level, project=settings.project_id)
     telemetry = telemetry or telemetry_from_settings(settings, now=now)
     metrics = WorkerMetrics(getattr(telemetry, "meter", None))
     parts = assemble(router, settings, store, now=now, publisher=publisher,
                      classifier=classifier, telemetry=telemetry, concurrency=concurrency,
                      middleware=[metrics])
+    try:  # as the app does: the batch claim relies on the key's unique index
+        parts.store.ensure_indexes()
+    except StoreUnavailable as exc:
+        logger.warning("indexes not ensured yet: %s", exc)
     return PullWorker(parts.processor, Inbox(), subscription=subscription,
                       batch_size=batch_size, batch_wait=batch_wait, rate=rate,
                       exactly_once=exactly_once, metrics=metrics)
