@@ -42,7 +42,7 @@ MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                       "eventbus.store.documents", "eventbus.processor", "eventbus.outbox",
                       "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers",
-                      "eventbus.assembly")
+                      "eventbus.assembly", "eventbus.correlation")
 PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                         "eventbus.store.documents", "eventbus.store", "eventbus.guard",
                         "eventbus.correlation", "eventbus.processor")

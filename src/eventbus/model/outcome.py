@@ -18,8 +18,12 @@ class Outcome(enum.Enum):
     """A different payload under a claimed key: recorded, never run (acked)."""
     LEASE_LOST = "lease_lost"
     """The handler ran but another worker took the lease meanwhile (503: it decides)."""
+    STALE = "stale"
+    """An ordered handler's event older than one applied for its entity: stored SUCCESS
+    as stale, never run (acked)."""
 
     @property
     def acked(self) -> bool:
         """True when Pub/Sub must stop delivering the message."""
-        return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.CONFLICT}
+        return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.CONFLICT,
+                        Outcome.STALE}

@@ -106,7 +106,7 @@ class OperatorStore(Protocol):
 
 def query_filter(query: EventQuery) -> dict[str, Any]:
     """Return the MongoDB filter of ``query`` (``memory_ops`` applies ``matches`` instead)."""
-    terms: dict[str, Any] = {}
+    terms: dict[str, Any] = dict(documents.NOT_ENTITY)  # events only, never entity records
     if query.statuses:
         terms["event_status"] = {"$in": list(query.statuses)}
     if query.event_type is not None:
@@ -139,6 +139,7 @@ def _created_range(query: EventQuery) -> dict[str, str]:
 def matches(record: Mapping[str, Any], query: EventQuery) -> bool:
     """Return True when ``record`` matches ``query`` (what ``query_filter`` asks the server)."""
     checks = (
+        not documents.is_entity(record),
         not query.statuses or record.get("event_status") in query.statuses,
         query.event_type is None or record.get("event_type") == query.event_type,
         query.partner_id is None or lookup(record, PARTNER) == query.partner_id,

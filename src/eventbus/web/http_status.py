@@ -27,6 +27,7 @@ STATUS: dict[Outcome, int] = {
     Outcome.UNAVAILABLE: 503,
     Outcome.CONFLICT: 200,
     Outcome.LEASE_LOST: 503,
+    Outcome.STALE: 200,
 }
 # A failure of our own code outside any handler: nack, so nothing is lost.
 INTERNAL_ERROR_STATUS = 503

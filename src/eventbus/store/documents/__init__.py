@@ -93,6 +93,7 @@ from eventbus.store.documents.updates import (
     abandonable,
     fail_fields,
     fail_update,
+    finish_update,
     key_filter,
     owner_filter,
     redrivable,
@@ -102,6 +103,7 @@ from eventbus.store.documents.updates import (
     reject_update,
     renew_update,
     succeed_update,
+    unclaim_update,
 )
 
 __all__ = [
@@ -142,6 +144,7 @@ __all__ = [
     "fail_fields",
     "fail_update",
     "failed_update",
+    "finish_update",
     "guard_finish_update",
     "guard_owner_filter",
     "guard_take_filter",
@@ -176,4 +179,5 @@ __all__ = [
     "summary",
     "take_pipeline",
     "taken_fields",
+    "unclaim_update",
 ]
