@@ -35,6 +35,9 @@ from eventbus.model.status import Status
 from eventbus.processor.work import Item, Pending, Result
 from eventbus.store.base import EntityHolds, EntityRelease, EntityTake, EventStore, Finish
 
+_POLL = 0.05
+"""Seconds between two takes of a busy entity (``order_wait_seconds`` in all)."""
+
 
 @dataclasses.dataclass(eq=False)
 class Lane:
@@ -68,10 +71,9 @@ class Lanes:
     """Groups a batch's claimed items into lanes, holding each ordered entity in the store."""
 
     def __init__(self, store: EventStore, now: Callable[[], datetime], wait: float,
-                 sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.store, self.now, self.wait = store, now, wait
-        self._sleep, self._monotonic = sleep, monotonic
+        self._sleep = sleep
 
     def of(self, claimed: Sequence[Item]) -> list[Lane]:
         """The lanes of ``claimed``; items of a busy entity get their unclaim and IN_PROGRESS."""
@@ -100,10 +102,11 @@ class Lanes:
     def _take(self, groups: Mapping[str, list[Item]]) -> EntityHolds:
         takes = {key: _take(items) for key, items in groups.items()}
         holds = self.store.take_entities(takes, self.now())
-        deadline = self._monotonic() + self.wait
         busy = [key for key in takes if not holds.held(key)]
-        while busy and self._monotonic() < deadline:
-            self._sleep(0.05)
+        for _ in range(round(self.wait / _POLL)):
+            if not busy:
+                break
+            self._sleep(_POLL)
             again = self.store.take_entities({key: takes[key] for key in busy}, self.now())
             holds = _merged(holds, again, busy)
             busy = [key for key in busy if not again.held(key)]
