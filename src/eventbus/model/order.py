@@ -2,7 +2,7 @@
 
 A handler declared with ``ordered_by="entity_data.orderStatusLatestTimestamp"``
 reads, for each event, the value at that dotted path of the event document
-(as received, before any upcast):
+as the handler reads it (after its upcasters):
 
 * an integer (not a bool) within a signed 64-bit range, or a finite float;
 * or an RFC 3339 time (``2026-11-25T12:00:00.123Z``, an offset, or none for

@@ -80,7 +80,9 @@ class Intake:
             return _refused(delivery, parsed, exc)
         try:
             route = self._route(event, key, root)
-            order = ordering(event, route.ordered_by) if route.ordered_by else None
+            # The position is read as the handler reads the event: upcast.
+            order = ordering(route.upcast(event), route.ordered_by) if route.ordered_by \
+                else None
         except InternalOnly as exc:
             return _refused(delivery, event, exc)
         except InvalidEvent as exc:
