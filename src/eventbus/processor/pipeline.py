@@ -104,7 +104,7 @@ class Processor:
                                    items[0].request_id) \
             if len(items) == 1 and not self._span_scoped else None
         try:
-            with self._observed(items):
+            with self._observed(items) if self.middleware else _NOTHING:
                 self._stages(items)
         finally:
             tracecontext.leave(scope)
@@ -144,18 +144,19 @@ class Processor:
     def _refuse(self, items: list[Item]) -> None:
         refused = [item for item in items if item.located and item.located.error]
         if refused:
-            with self._around("finish", refused):
+            with self._around("finish", refused) if self.middleware else _NOTHING:
                 for item in refused:
                     assert item.located is not None and item.located.error is not None
                     item.result = self.rejections.reject(item.located, item.located.error)
 
     def _claim(self, items: list[Item]) -> list[Item]:
-        wanted = [item for item in items if _undecided(item) and item.routed]
+        wanted = [item for item in items
+                  if item.result is None and item.leader is None and item.routed]
         if not wanted:
             return []
-        with self._around("claim", wanted):
-            batch = self.store.claim_many({item.key: _fields(item) for item in wanted},
-                                          self.now())
+        with self._around("claim", wanted) if self.middleware else _NOTHING:
+            batch = self.store.claim_many({item.key: item.located.fields for item in wanted
+                                           if item.located is not None}, self.now())
         for item in wanted:
             item.claim = batch.taken.get(item.key)
             if item.claim is None:
@@ -197,14 +198,16 @@ class Processor:
                 self._run(item, leases[item.key], alone, lane)
 
     def _finish(self, claimed: list[Item], releases: list[EntityRelease]) -> None:
-        waiting = [item for item in claimed if _undecided(item) and item.pending is not None]
+        waiting = [item for item in claimed if item.result is None and item.leader is None
+                   and item.pending is not None]
         if not waiting and not releases:
             return
-        with self._around("finish", waiting):
-            done = self.store.finish_many([_pending(item).finish for item in waiting],
-                                          self.now(), releases)
+        with self._around("finish", waiting) if self.middleware else _NOTHING:
+            done = self.store.finish_many([item.pending.finish for item in waiting
+                                           if item.pending is not None], self.now(), releases)
         for item in waiting:
-            pending = _pending(item)
+            pending = item.pending
+            assert pending is not None
             if item.key in done.lost:
                 item.result = _lease_lost(item)
             elif item.key in done.refused:
@@ -221,9 +224,10 @@ class Processor:
                 and item.pending is not None and item.pending.finish.outbox]
         if hook is None or not sent:
             return
-        with self._around("relay", sent):
+        with self._around("relay", sent) if self.middleware else _NOTHING:
             for item in sent:
-                _run_hook(hook, item.key, _pending(item).finish.outbox)
+                if item.pending is not None:
+                    _run_hook(hook, item.key, item.pending.finish.outbox)
 
     # -- one handler ------------------------------------------------------------------
     def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
@@ -327,17 +331,15 @@ class Processor:
                       attempt=item.claim.attempt, error=ContentRejected.__name__)
 
     # -- around the stages ------------------------------------------------------------
+    # Called only with middleware: with none, the stages run bare (a push with
+    # telemetry off makes no call here).
     def _observed(self, items: list[Item]) -> contextlib.AbstractContextManager[Any]:
-        if not self.middleware:
-            return _NOTHING
         stack = contextlib.ExitStack()
         for middleware in self.middleware:
             stack.enter_context(middleware.batch(items))
         return stack
 
     def _around(self, stage: str, items: list[Item]) -> contextlib.AbstractContextManager[Any]:
-        if not self.middleware:
-            return _NOTHING
         stack = contextlib.ExitStack()
         for middleware in self.middleware:
             stack.enter_context(middleware.stage(stage, items))
@@ -352,16 +354,6 @@ class Processor:
 def _undecided(item: Item) -> bool:
     """True while no stage has decided the item's result (nor follows another's)."""
     return item.result is None and item.leader is None
-
-
-def _fields(item: Item) -> Mapping[str, Any]:
-    assert item.located is not None
-    return item.located.fields
-
-
-def _pending(item: Item) -> Pending:
-    assert item.pending is not None
-    return item.pending
 
 
 def _unavailable(error: str) -> Result:
