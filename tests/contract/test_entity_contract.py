@@ -134,3 +134,29 @@ def test_entity_records_never_show_as_events(store: EventStore, now: datetime) -
     assert key not in {r["idempotency_key"] for r in found}
     counts = store.count_events(EventQuery(), ["event_status"])  # type: ignore[attr-defined]
     assert sum(count.count for count in counts) == 0
+
+
+def test_renewing_a_hold_keeps_the_entity_past_its_first_lease(store: EventStore,
+                                                               now: datetime) -> None:
+    key, lost = fresh_entity(), fresh_entity()
+    holds = store.take_entities({key: take(), lost: take()}, now)
+    later = now + store.lease * 0.75
+    thief = store.take_entities({lost: take(("t",), (2,))}, now + store.lease * 1.5)
+    assert thief.held(lost)  # ``lost`` ran out unrenewed and was taken
+    assert store.renew_entities({key: holds.owner, lost: holds.owner}, later) == {key}
+    still = store.take_entities({key: take(("k2",), (2,))}, now + store.lease * 1.5)
+    assert not still.held(key)  # renewed at 0.75 lease: held until 1.75 lease
+
+
+def test_the_heartbeat_renews_the_entities_a_batch_holds(store: EventStore,
+                                                          now: datetime) -> None:
+    from eventbus.processor.heartbeat import Heartbeat
+
+    key = fresh_entity()
+    holds = store.take_entities({key: take()}, now)
+    clock = [now + store.lease * 0.75]
+    beat = Heartbeat(store, now=lambda: clock[0], background=False)
+    with beat.hold({}, {key: holds.owner}):
+        beat.beat()
+    assert not store.take_entities({key: take(("k2",), (2,))},
+                                   now + store.lease * 1.5).held(key)

@@ -181,7 +181,8 @@ class Processor:
         ordered = any(item.located is not None and item.located.order for item in claimed)
         lanes = self.lanes.of(claimed) if ordered else [Lane([item]) for item in claimed]
         owners = {item.key: item.claim.owner for item in claimed if item.claim is not None}
-        with self.heartbeat.hold(owners) as leases:
+        entities = {lane.entity_key: lane.owner for lane in lanes if lane.entity_key}
+        with self.heartbeat.hold(owners, entities) as leases:
             if len(lanes) > 1 and self.concurrency > 1:
                 list(self._threads().map(lambda lane: self._run_lane(lane, leases, alone),
                                          lanes))

@@ -213,6 +213,10 @@ class EventStore(Protocol):
         """
         ...
 
+    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the holds of ``holders`` (entity key → owner) at once; return those still held."""
+        ...
+
     def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
         """Hold each free entity (entity key → ``EntityTake``) for one new owner, at once.
 

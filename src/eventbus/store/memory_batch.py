@@ -114,6 +114,18 @@ class MemoryBatchMixin:
         record.pop("lease_owner", None)
         return True
 
+    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the entity holds still held, and return those keys."""
+        until = documents.bson_time(documents.bson_time(now) + self._lease)
+        held = set()
+        with self._lock:
+            for key, owner in holders.items():
+                holder = (self._events.get(key) or {}).get("holder")
+                if isinstance(holder, dict) and holder.get("owner") == owner:
+                    holder["until"] = until
+                    held.add(key)
+        return held
+
     def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
         """Hold each free entity for one new owner (``EventStore.take_entities``)."""
         owner, found = uuid.uuid4().hex, {}

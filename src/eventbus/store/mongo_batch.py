@@ -133,6 +133,21 @@ class MongoBatchMixin:
                             lost=frozenset() if stored else frozenset({finish.key}))
         return Finished(lost=frozenset() if stored else frozenset({finish.key}))
 
+    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the entity holds still held (one round trip), and return those keys."""
+        if not holders:
+            return set()
+        until = documents.bson_time(documents.bson_time(now) + self._lease)
+        writes = [UpdateOne(documents.holder_filter(key, owner), {"$set": {"holder.until": until}})
+                  for key, owner in holders.items()]
+        with unavailable("renew entities", "batch"):
+            if _bulk(self._collection, writes)[0] == len(holders):
+                return set(holders)
+            found = self._collection.find({"idempotency_key": {"$in": list(holders)}},
+                                          {"idempotency_key": 1, "holder": 1})
+            return {str(r["idempotency_key"]) for r in found
+                    if (r.get("holder") or {}).get("owner") == holders[str(r["idempotency_key"])]}
+
     def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
         """Hold each free entity for one new owner (``EventStore.take_entities``)."""
         now, owner = documents.bson_time(now), uuid.uuid4().hex
