@@ -153,7 +153,7 @@ class MongoBatchMixin:
         now, owner = documents.bson_time(now), uuid.uuid4().hex
         updates = {key: documents.take_pipeline(take.entity, owner, now, self._lease, take.keys,
                                                 take.positions)
-                   for key, take in takes.items()}
+                   for key, take in takes.items()}  # the rule for entities that exist
         with unavailable("take entities", "batch"):
             if len(updates) == 1:
                 ((key, update),) = updates.items()
@@ -161,8 +161,15 @@ class MongoBatchMixin:
                     documents.key_filter(key), update, upsert=True,
                     return_document=ReturnDocument.AFTER)
                 return EntityHolds(owner, {key: found})
-            _bulk(self._collection, [UpdateOne(documents.key_filter(key), update, upsert=True)
-                                     for key, update in updates.items()])
+            # As claim_many: new entities are inserted held (the cheaper write
+            # shape); only the ones that exist get the take's pipeline.
+            keys = list(takes)
+            _, existing = _insert(self._collection, [InsertOne(
+                {"idempotency_key": key, **documents.taken_fields(
+                    None, takes[key].entity, owner, now, self._lease, takes[key].keys,
+                    takes[key].positions)}) for key in keys])
+            _bulk(self._collection, [UpdateOne(documents.key_filter(keys[i]), updates[keys[i]],
+                                               upsert=True) for i in existing])
             found_all = self._collection.find({"idempotency_key": {"$in": list(updates)}})
             return EntityHolds(owner, {str(r["idempotency_key"]): r for r in found_all})
 
