@@ -21,6 +21,8 @@
 #   PUBSUB_SUBSCRIPTION          push subscription [<topic>-push]
 #   EVENTBUS_PULL_SUBSCRIPTION   the worker's pull subscription, with the push
 #                                subscription's ack deadline and policies [<topic>-pull]
+#   EVENTBUS_PULL_ORDERED        1: that subscription delivers each ordering key's
+#                                messages in order (message ordering) [0]
 #   PUBSUB_DEAD_LETTER_SUBSCRIPTION  pull subscription on the DLQ [<dlq topic>-pull]
 #   PUSH_ENDPOINT                where the emulator pushes [http://127.0.0.1:8080/]
 #   PUSH_ACK_DEADLINE            push timeout = ack deadline, 10..600 [60s]

@@ -16,6 +16,9 @@ Rows (see bench/README.md):
   ``EVENTBUS_TRACE_SAMPLE_RATIO``; over telemetry off, target >= 0.90;
 - ``telemetry on, ratio 1.0``: the same, every trace kept: tracing's full cost;
 - ``handler duplicates``: the same service, re-posting events it already processed;
+- ``handler ordered``: the same service and no-op handler declared ``ordered_by``
+  (``BENCH_ORDERED``), every push a new event of a new entity (events spread over
+  many entities); over telemetry off, target >= 0.8 (bench/README.md);
 - ``minimal Flask claim+complete`` (reference): ``bench/minimal_app.py``, the thinnest
   Flask service doing the raw baseline's two round trips per push; what any
   Flask + pymongo service can reach here, so new events over it is the framework's cost.
@@ -68,7 +71,7 @@ if str(ROOT) not in sys.path:  # run as a script: make the project importable
 from pymongo import MongoClient, ReturnDocument  # noqa: E402
 from pymongo.collection import Collection  # noqa: E402
 
-from bench.noop_handlers import EVENT_TYPE  # noqa: E402
+from bench.noop_handlers import EVENT_TYPE, ORDERED_TYPE  # noqa: E402
 from eventbus.store import documents  # noqa: E402
 from eventbus.store.mongo import INDEXES  # noqa: E402
 
@@ -80,13 +83,15 @@ TELEMETRY_ROWS = {"otel": TELEMETRY_ON,
                   "otel_all": {**TELEMETRY_ON, "EVENTBUS_TRACE_SAMPLE_RATIO": "1.0"}}
 TELEMETRY_TARGET = 0.90
 """Telemetry on at the default ratio over off, in events/s (bench/README.md)."""
+ORDERED_TARGET = 0.8
+"""An ordered no-op handler over the unordered one, in events/s."""
 CPU_TARGET = 1.3
 """Handler CPU per event over the minimal Flask app's."""
 DUPLICATE_POOL = 20  # events each duplicate-posting thread processes once, then re-posts
 PREPARE_TIMEOUT = 120.0  # seconds a client may take to get ready before the run fails
 LEASE = timedelta(seconds=60)
 RETENTION = timedelta(days=30)
-ROWS = ("bare", "raw", "new", "otel", "otel_all", "dup", "minimal")
+ROWS = ("bare", "raw", "new", "otel", "otel_all", "dup", "ordered", "minimal")
 ROW_NAMES = {
     "bare": "bare Flask 204",
     "raw": "raw pymongo claim+complete",
@@ -94,6 +99,7 @@ ROW_NAMES = {
     "otel": "telemetry on, default ratio",
     "otel_all": "telemetry on, ratio 1.0",
     "dup": "handler duplicates",
+    "ordered": "handler ordered (ordered_by)",
     "minimal": "minimal Flask claim+complete",
 }
 
@@ -156,22 +162,22 @@ class Window:
 # --- push bodies ----------------------------------------------------------------
 
 
-def event_document(tag: str) -> dict[str, Any]:
-    """A valid ``BENCH_NOOP`` event whose entity id is ``tag``."""
+def event_document(tag: str, event_type: str = EVENT_TYPE) -> dict[str, Any]:
+    """A valid ``BENCH_NOOP`` (or ``BENCH_ORDERED``) event whose entity id is ``tag``."""
     return {
-        "event_type": EVENT_TYPE,
+        "event_type": event_type,
         "event_version": "v1",
         "event_direction": "IN",
         "entity_metadata": {"partnerId": "bench", "partnerName": "Bench",
                             "entity_id": tag, "entity_type": "Bench"},
-        "entity_data": {"tag": tag},
+        "entity_data": {"tag": tag, "n": 1},
     }  # fmt: skip
 
 
-def push_body(tag: str) -> bytes:
+def push_body(tag: str, event_type: str = EVENT_TYPE) -> bytes:
     """The wrapped push body the emulator would send for the event ``tag``."""
-    data = base64.b64encode(json.dumps(event_document(tag)).encode()).decode()
-    attributes = {"event_type": EVENT_TYPE, "event_version": "v1", "idempotency_key": tag}
+    data = base64.b64encode(json.dumps(event_document(tag, event_type)).encode()).decode()
+    attributes = {"event_type": event_type, "event_version": "v1", "idempotency_key": tag}
     message = {"data": data, "messageId": tag, "publishTime": "2026-11-22T10:00:00.000Z",
                "attributes": attributes}  # fmt: skip
     return json.dumps(
@@ -204,9 +210,10 @@ def bodies_for(load: Load, thread: str) -> Iterator[bytes]:
         while True:
             yield from pool
     counter = 0
+    event_type = ORDERED_TYPE if load.kind == "ordered" else EVENT_TYPE
     while True:
         counter += 1
-        yield push_body(f"{load.run_id}-{load.piece}-{load.kind}-{thread}-{counter}")
+        yield push_body(f"{load.run_id}-{load.piece}-{load.kind}-{thread}-{counter}", event_type)
 
 
 def process_pool_once(conn: http.client.HTTPConnection, load: Load, thread: str) -> None:
@@ -528,13 +535,14 @@ def services(uri: str, db: str, logs: Path,
                                            env={**env, **extra})  # fmt: skip
             started[name].start()
         started["dup"] = started["new"]  # duplicates go to the new-events service
+        started["ordered"] = started["new"]  # so do ordered events (their own handler)
         targets = {"raw": uri, **{row: service.url for row, service in started.items()}}
         masters = {row: service.process.pid for row, service in started.items()
                    if service.process is not None}  # fmt: skip
         yield targets, masters
     finally:
         for name, service in reversed(started.items()):
-            if name != "dup":
+            if name not in ("dup", "ordered"):
                 service.stop()
 
 
@@ -646,6 +654,8 @@ def quotients(rates: dict[str, float], cpu_ms: dict[str, float | None]) -> dict[
     new, minimal = cpu_ms.get("new"), cpu_ms.get("minimal")
     if new and minimal:
         found["cpu"] = new / minimal
+    if rates["new"]:
+        found["ordered/new"] = rates["ordered"] / rates["new"]
     for row in TELEMETRY_ROWS:
         if rates["new"]:
             found[f"{row}/new"] = rates[row] / rates["new"]
@@ -673,8 +683,13 @@ def gap_split(split: dict[str, float], cpu_ms: dict[str, float | None]) -> str:
 
 
 def telemetry_line(split: dict[str, float], cpu_ms: dict[str, float | None]) -> str:
-    """The telemetry's overhead: ops/s with traces and metrics on (no-op exporters) over off."""
+    """The telemetry's overhead: ops/s with traces and metrics on (no-op exporters) over off;
+    and per-entity order's: the ordered no-op over the unordered one."""
     lines = ""
+    if "ordered/new" in split:
+        verdict = "meets" if split["ordered/new"] >= ORDERED_TARGET else "MISSES"
+        lines += (f"\n{ROW_NAMES['ordered']} / telemetry off = {split['ordered/new']:.3f} ops/s "
+                  f"({verdict} the target >= {ORDERED_TARGET})")
     for row in TELEMETRY_ROWS:
         if f"{row}/new" not in split:
             lines += f"\n(no {ROW_NAMES[row]!r} ratio: the telemetry-off row measured nothing)"

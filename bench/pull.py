@@ -14,6 +14,10 @@ Rows (one store: ``MONGODB_URI``, else the local server of the ``localdb`` tool)
 - ``worker, emulator, batch B``: ``python -m eventbus worker`` as a subprocess
   draining messages published to the emulator first: end to end. CPU is the
   subprocess's (``/proc``), over the time it took to drain;
+- ``worker ordered, in-process, batch B`` (B >= 100): the same with the no-op
+  handler declared ``ordered_by``, every event its own entity: per-entity order's
+  extra round trips (target <= 0.05 per event) and events/s over the unordered
+  row (target >= 0.9);
 - ``raw pymongo, batch B``: the same write shapes straight from pymongo, no
   framework: an unordered insert of the new records, a ``find`` of the keys,
   an unordered bulk finish. The store's ceiling for those shapes.
@@ -94,8 +98,8 @@ class Row:
 class Message:
     """An in-process pulled message: acks and nacks cost nothing."""
 
-    def __init__(self, n: int, tag: str) -> None:
-        body = {"event_type": "BENCH_NOOP", "event_version": "v1",
+    def __init__(self, n: int, tag: str, event_type: str = "BENCH_NOOP") -> None:
+        body = {"event_type": event_type, "event_version": "v1",
                 "entity_metadata": {"partnerId": "bench", "entity_id": f"e-{n}",
                                     "entity_type": "Bench"}, "entity_data": {"n": n}}
         self.data = json.dumps(body).encode()
@@ -145,15 +149,20 @@ def fresh_store(uri: str, db: str) -> Iterator[MongoEventStore]:
         store.close()
 
 
-def worker_in_process(uri: str, db: str, size: int, events: int) -> Row:
-    """The worker's ceiling: batches of ``size`` from an in-process source."""
+def worker_in_process(uri: str, db: str, size: int, events: int, ordered: bool = False) -> Row:
+    """The worker's ceiling: batches of ``size`` from an in-process source.
+
+    ``ordered``: the no-op handler declared ``ordered_by`` (``BENCH_ORDERED``), each
+    event of its own entity (events spread over many entities).
+    """
+    event_type = "BENCH_ORDERED" if ordered else "BENCH_NOOP"
     with fresh_store(uri, db) as store:
         processor = Processor(store, noop_router(), Settings(relay_inline=False),
                               FakeClock(datetime.now(UTC)))
         worker = PullWorker(processor, Inbox(), subscription="bench",
                             batch_size=size)
         tag = uuid.uuid4().hex[:6]
-        batches = [[Message(n, tag) for n in range(i, min(i + size, events))]
+        batches = [[Message(n, tag, event_type) for n in range(i, min(i + size, events))]
                    for i in range(0, events, size)]
         worker.run_batch(batches[0])  # warm-up: imports, connections
         before, cpu, wall = COMMANDS.count, time.process_time(), time.perf_counter()
@@ -163,7 +172,8 @@ def worker_in_process(uri: str, db: str, size: int, events: int) -> Row:
         done = events - len(batches[0])
         trips = (COMMANDS.count - before) / done
         assert worker.counters.acked == events, worker.counters
-    return Row(f"worker, in-process, batch {size}", done / wall, cpu / done * 1e6, trips)
+    name = "worker ordered" if ordered else "worker"
+    return Row(f"{name}, in-process, batch {size}", done / wall, cpu / done * 1e6, trips)
 
 
 def raw_ceiling(uri: str, db: str, size: int, events: int) -> Row:
@@ -301,6 +311,8 @@ def measure(args: argparse.Namespace, uri: str, db: str, host: str | None) -> li
     rows = [push_row(args.quick)]
     for size in args.sizes:
         rows.append(worker_in_process(uri, db, size, max(args.events, 2 * size)))
+    for size in [s for s in args.sizes if s >= 100]:
+        rows.append(worker_in_process(uri, db, size, max(args.events, 2 * size), ordered=True))
     if host is not None:
         for size in [s for s in args.sizes if s >= 10]:
             rows.append(worker_through_emulator(uri, db, size, args.events, host))
@@ -334,7 +346,21 @@ def table(rows: list[Row]) -> str:
             else "-"
         trips = f"{r.trips:.3f}" if r.trips is not None else "-"
         out.append(f"| {r.name} | {r.rate:.0f} | {cpu} | {vs_push} | {trips} | {vs_raw} |")
-    return "\n".join(out)
+    return "\n".join(out + ordered_lines(rows))
+
+
+def ordered_lines(rows: list[Row]) -> list[str]:
+    """Per-entity order's cost at each batch size: events/s ratio and extra round trips."""
+    plain = {r.name.rsplit(" ", 1)[1]: r for r in rows if r.name.startswith("worker, in-")}
+    lines = []
+    for r in rows:
+        base = plain.get(r.name.rsplit(" ", 1)[1])
+        if r.name.startswith("worker ordered") and base is not None and base.rate:
+            extra = (r.trips or 0.0) - (base.trips or 0.0)
+            lines.append(f"\nordered / unordered at {r.name.rsplit(' ', 1)[1]}: "
+                         f"{r.rate / base.rate:.2f} events/s (target >= 0.9), "
+                         f"{extra:+.3f} round trips per event (target <= 0.05)")
+    return lines
 
 
 def main() -> None:

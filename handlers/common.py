@@ -53,14 +53,8 @@ def apply_projection(context: Context, collection: str, doc_id: str, as_of: floa
     store cannot encode (a value it cannot hold) is a ``PermanentError``.
     """
     newer = {"_id": doc_id, "$or": [{"asOf": {"$lt": as_of}}, {"asOf": {"$exists": False}}]}
-    change = {"$set": {**state, "asOf": as_of, "updatedBy": context.key},
-              # Bounded: a long-lived entity must never grow past the store's
-              # document limit (a write that could then never succeed).
-              "$push": {"history": {"$each": [{"key": context.key, "asOf": as_of, **state}],
-                                    "$slice": -MAX_HISTORY}},
-              "$inc": {"eventsApplied": 1}}
     try:
-        context.db[collection].update_one(newer, change, upsert=True)
+        context.db[collection].update_one(newer, _change(context, as_of, state), upsert=True)
     except DuplicateKeyError:
         if context.db[collection].count_documents({"_id": doc_id, "history.key": context.key}):
             return True
@@ -70,6 +64,35 @@ def apply_projection(context: Context, collection: str, doc_id: str, as_of: floa
         raise PermanentError(f"{collection} state cannot be stored: "
                              f"{type(exc).__name__}: {str(exc)[:200]}") from exc
     return True
+
+
+def store_projection(context: Context, collection: str, doc_id: str, as_of: float,
+                     state: Mapping[str, Any]) -> None:
+    """Set ``state`` on a projection whose handler is ordered (``ordered_by``).
+
+    The framework runs such a handler only for the entity's newest event, so
+    no timestamp is compared here. A retried attempt of the event that already
+    applied its state changes nothing (``updatedBy`` is its key); the history
+    keeps the last ``MAX_HISTORY`` changes. A state the store cannot encode is
+    a ``PermanentError``.
+    """
+    mine = {"_id": doc_id, "updatedBy": {"$ne": context.key}}
+    try:
+        context.db[collection].update_one(mine, _change(context, as_of, state), upsert=True)
+    except DuplicateKeyError:
+        return  # this event applied it already: an earlier attempt got this far
+    except CONTENT_ERRORS as exc:
+        raise PermanentError(f"{collection} state cannot be stored: "
+                             f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+
+
+def _change(context: Context, as_of: float, state: Mapping[str, Any]) -> dict[str, Any]:
+    # Bounded: a long-lived entity must never grow past the store's document
+    # limit (a write that could then never succeed).
+    return {"$set": {**state, "asOf": as_of, "updatedBy": context.key},
+            "$push": {"history": {"$each": [{"key": context.key, "asOf": as_of, **state}],
+                                  "$slice": -MAX_HISTORY}},
+            "$inc": {"eventsApplied": 1}}
 
 
 def projection_id(partner_id: str, entity_id: int | str) -> str:

@@ -9,9 +9,12 @@ Version 2 is current: ``orderId``, ``orderStatusLatest``,
 ``orderSummary``. Version 1 events (``status``, ``timestamp``, ``items``)
 are upcast to version 2 before the handler sees them.
 
-The timestamp must be plausible epoch seconds and the order id a 64-bit
-integer or short text (``handlers.common``); the projection's id cannot
-collide across partners (``projection_id``).
+The handler is ordered by ``orderStatusLatestTimestamp`` (``ordered_by``): the
+framework runs it only for an order's newest event, one at a time, and stores
+an older one that comes late as stale (the sync guide's A retried after B
+and C never overwrites C). The timestamp must still be plausible epoch
+seconds and the order id a 64-bit integer or short text (``handlers.common``);
+the projection's id cannot collide across partners (``projection_id``).
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ from __future__ import annotations
 from eventbus import Context, PermanentError, Router
 from eventbus.model.event import Event
 from handlers.common import (
-    apply_projection,
     event_time,
     projection_id,
     require,
     require_id,
     require_text,
+    store_projection,
 )
 from handlers.notifications import notify_partner
 
@@ -45,7 +48,8 @@ def order_v1_to_v2(event: Event) -> Event:
     return event.with_version("v2", data)
 
 
-@routes.handler("OR_MGMT", versions=("v2",), upcasters={"v1": order_v1_to_v2})
+@routes.handler("OR_MGMT", versions=("v2",), upcasters={"v1": order_v1_to_v2},
+                ordered_by="entity_data.orderStatusLatestTimestamp")
 def on_order_event(context: Context) -> None:
     """Project the order's latest status; notify the partner of the transitions it wants."""
     data = context.event.entity_data
@@ -58,8 +62,7 @@ def on_order_event(context: Context) -> None:
     state = {"orderId": order_id, "partnerId": partner, "status": status,
              "statusName": ORDER_STATUSES[status], "lineItems": data.get("orderLineItems", []),
              "summary": data.get("orderSummary", {})}
-    applied = apply_projection(context, "order_projection", projection_id(partner, order_id),
-                               as_of, state)
-    if applied and status in NOTIFY_ON:
+    store_projection(context, "order_projection", projection_id(partner, order_id), as_of, state)
+    if status in NOTIFY_ON:
         notify_partner(context, "order-status",
                        {"orderId": order_id, "status": status, "asOf": as_of})

@@ -237,6 +237,21 @@ def test_the_pull_subscription_takes_the_workers_variable(started: Started, admi
     assert "named-pull" not in rows
 
 
+def test_an_ordered_pull_subscription_is_made_on_request(started: Started, admin: Admin) -> None:
+    env = {"PUBSUB_TOPIC": "ordered", "EVENTBUS_PULL_ORDERED": "1"}
+    try:
+        rows = table(started.script.run("start", env).stdout)
+        (worker,) = [s for s in admin.subscriptions() if s.name.endswith("/ordered-pull")]
+        refused = started.script.run("start", {"PUBSUB_TOPIC": "ordered"})
+    finally:
+        for name in ("ordered-push", "ordered-pull", "ordered-dlq-pull"):
+            admin.delete_subscription(name)
+    assert rows["ordered-pull"] == ("pull subscription", "created")
+    assert worker.enable_message_ordering is True
+    # Pub/Sub fixes ordering at creation: asked without it, the script says so, not ignores it.
+    assert refused.returncode != 0 and "message ordering" in refused.stderr
+
+
 def test_a_pull_subscription_named_like_another_is_refused(tmp_path: Path) -> None:
     script = EmulatorScript(f"127.0.0.1:{free_port()}", tmp_path)
     result = script.run("start", {"EVENTBUS_PULL_SUBSCRIPTION": "partner-events-push"})

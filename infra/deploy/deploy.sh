@@ -42,6 +42,7 @@ Optional (a value given is written to the stack's config; one not given keeps th
   CONSUMER                push (default), pull (the worker in a Cloud Run worker pool) or both
   PULL_EVENT_TYPES        with CONSUMER=both: comma-separated event types the worker takes
   PULL_EXACTLY_ONCE       true: exactly-once delivery on the worker's subscription (default false)
+  PULL_ORDERED            true: message ordering on the worker's subscription (default false)
   WORKER_INSTANCES        worker pool instances (default 1; 0 pauses the worker)
   WORKER_BATCH_SIZE       events per batch (default 100)
   WORKER_RATE             events/s ceiling of each worker instance (default 0: none)
@@ -86,7 +87,7 @@ CONFIG_KEYS=(
   "NOTIFICATION_CHANNELS notificationChannels" "ERROR_RATE_THRESHOLD errorRateThreshold"
   "RELAY_SCHEDULE relaySchedule" "REDRIVE_SCHEDULE redriveSchedule"
   "DRAIN_SCHEDULE drainSchedule" "FUNCTION_SOURCE functionSource"
-  "CONSUMER consumer" "PULL_EVENT_TYPES pullEventTypes" "PULL_EXACTLY_ONCE pullExactlyOnce"
+  "CONSUMER consumer" "PULL_EVENT_TYPES pullEventTypes" "PULL_EXACTLY_ONCE pullExactlyOnce" "PULL_ORDERED pullOrdered"
   "WORKER_INSTANCES workerInstances" "WORKER_BATCH_SIZE workerBatchSize"
   "WORKER_RATE workerRate" "PUBLIC_CONSUMERS publicConsumers"
   "BREAKER_ALERT_SECONDS breakerAlertSeconds"

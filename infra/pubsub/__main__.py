@@ -62,6 +62,7 @@ def ensure(layout: Layout) -> None:
                 layout.topic,
                 layout.policy,
                 dead_letter_topic=layout.dead_letter_topic,
+                ordered=layout.pull_ordered,
             )
         )
         if layout.policy.dead_lettering:

@@ -119,6 +119,14 @@ def host_port(value: str) -> str:
     return value
 
 
+def flag(name: str, value: str) -> bool:
+    """Read a yes/no variable: 1/true/yes or 0/false/no."""
+    text = value.strip().lower()
+    if text not in ("1", "true", "yes", "0", "false", "no"):
+        raise ConfigError(f"{name}={value!r} must be 1 or 0 (true or false)")
+    return text in ("1", "true", "yes")
+
+
 @dataclass(frozen=True)
 class Layout:
     """The emulator's address and the resources ``ensure`` makes on it."""
@@ -133,6 +141,8 @@ class Layout:
     policy: PushPolicy
     pull_subscription: str = ""
     """The worker's pull subscription on ``topic`` (``eventbus worker``), policies as push."""
+    pull_ordered: bool = False
+    """Message ordering on the worker's pull subscription (``EVENTBUS_PULL_ORDERED=1``)."""
 
     def __post_init__(self) -> None:
         names = {
@@ -183,4 +193,5 @@ class Layout:
                 "EVENTBUS_PULL_SUBSCRIPTION",
                 env.get("EVENTBUS_PULL_SUBSCRIPTION") or f"{topic}-pull",
             ),
+            pull_ordered=flag("EVENTBUS_PULL_ORDERED", env.get("EVENTBUS_PULL_ORDERED") or "0"),
         )

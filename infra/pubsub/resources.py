@@ -138,18 +138,27 @@ class Admin:
         topic: str,
         policy: PushPolicy,
         dead_letter_topic: str | None = None,
+        ordered: bool = False,
     ) -> Outcome:
         """Create the worker's pull subscription, or bring an existing one to this policy.
 
         A pull subscription with the push subscription's ack deadline, retry
         policy (a nack waits the backoff, as a push answered 503 does) and
-        dead-letter policy; a push config found on it is removed. Only the
-        topic cannot change: that raises ResourceConflict.
+        dead-letter policy, and with ``ordered``, message ordering; a push
+        config found on it is removed. Neither the topic nor the ordering can
+        change (Pub/Sub fixes both at creation): that raises ResourceConflict.
         """
         wanted = self._push_subscription(
             subscription, topic, "", policy, dead_letter_topic, no_wrapper=False
         )
-        details = f"on {topic}; {policy.describe()}"
+        wanted.enable_message_ordering = ordered
+        current = self._get_subscription(wanted.name)
+        if current is not None and current.enable_message_ordering != ordered:
+            raise ResourceConflict(
+                f"subscription {subscription} exists with message ordering "
+                f"{'on' if current.enable_message_ordering else 'off'}; delete it to change it"
+            )
+        details = f"on {topic}; {policy.describe()}" + ("; ordered" if ordered else "")
         if dead_letter_topic and policy.dead_lettering:
             details += f" to {dead_letter_topic}"
         return self._ensure("pull subscription", wanted, details)

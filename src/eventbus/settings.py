@@ -211,6 +211,11 @@ class Settings:
         1200.0, env="EVENTBUS_REDRIVE_AFTER_SECONDS", parse=parse_float,
         doc="A FAILED-retryable record nothing redelivered for this long is published again "
             "by the redrive sweeper: twice the push subscription's maximum backoff (600 s).")
+    order_wait_seconds: float = setting(
+        1.0, env="EVENTBUS_ORDER_WAIT_SECONDS", parse=parse_float,
+        doc="How long an event of an ordered handler (`ordered_by`) waits for its entity while "
+            "another event of it runs; then it is answered as in progress (503, nacked) and "
+            "comes back later, its attempt not spent.")
     redrive_max: int = setting(
         20, env="EVENTBUS_REDRIVE_MAX", parse=parse_int,
         doc="Redrives before an event is given up for good (the attempt cap applies as well).")

@@ -55,6 +55,11 @@ def subscription(context: Context) -> None:
     """Always succeeds."""
 
 
+@routes.handler("POS_MGMT", ordered_by="entity_data.ts")
+def position(context: Context) -> None:
+    """Ordered by ``entity_data.ts``: an older event of its entity is stored as stale."""
+
+
 @dataclass
 class Bus:
     store: MongoEventStore

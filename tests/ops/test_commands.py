@@ -331,3 +331,26 @@ def test_a_conflict_record_applies_its_payload_under_its_own_key(bus: Bus) -> No
     assert (bus.store.get(first.key) or {})["entity_data"]["tag"] == "original"  # it stays
     applied = bus.store.get(conflict["idempotency_key"]) or {}
     assert applied["event_status"] == "SUCCESS" and applied["entity_data"]["tag"] == "conflicting"
+
+
+def _ordered(bus: Bus, ts: int, key: str) -> str:
+    entity = {"partnerId": "p-1", "entity_id": "pos-1", "entity_type": "Position"}
+    body, attributes = build_message(build_event("POS_MGMT", {"ts": ts}, entity=entity), key=key)
+    return bus.redeliver(body, attributes, f"m-{key}").outcome.value
+
+
+def test_stale_events_and_an_entitys_position_are_visible_to_operators(bus: Bus) -> None:
+    assert [_ordered(bus, 5, "new"), _ordered(bus, 3, "old")] == ["processed", "stale"]
+    code, out, _ = bus.run("status")
+    assert code == 0 and "SUCCESS(stale)" in out
+    code, out, _ = bus.run("show", "p:p-1:old")
+    assert code == 0 and "status:       SUCCESS(stale)" in out
+    code, out, _ = bus.run("history", "--partner", "p-1")
+    assert "SUCCESS(stale)" in out
+    data = bus.json("entity", "p-1", "Position", "pos-1")
+    assert (data["position"], data["applied_key"], data["holder"]) == (5, "p:p-1:new", None)
+    assert {e["key"]: e["status"] for e in data["events"]} == {
+        "p:p-1:new": "SUCCESS", "p:p-1:old": "SUCCESS(stale)"}
+    code, out, _ = bus.run("entity", "p-1", "Position", "pos-1")
+    assert code == 0 and "position:     5" in out and "held:         no" in out
+    assert bus.run("entity", "p-1", "Position", "nobody")[0] == 1

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from eventbus.correlation import logs
 from eventbus.model.context import Context
 from eventbus.model.errors import PermanentError, StoreUnavailable
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.processor import Result
 from eventbus.store.memory import MemoryEventStore
-from eventbus.web import logs
 from eventbus.web.http_status import STATUS, outcome_response
 from handlers.partners import PartnerRejected, PartnerUnavailable
 from tests.service.conftest import Harness, Make, event

@@ -363,3 +363,19 @@ def test_a_worker_process_never_imports_flask() -> None:
     assert done.returncode == 0, done.stderr
     name, types = done.stdout.split()
     assert name == "Processor" and int(types) > 3  # the partner app's routes are all there
+
+
+def test_create_worker_ensures_the_indexes_as_the_app_does() -> None:
+    # The batch claim tells a new key from a taken one by the key's unique index.
+    from eventbus import create_worker
+    from eventbus.model.router import Router
+
+    class Recording(MemoryEventStore):
+        ensured = 0
+
+        def ensure_indexes(self) -> None:
+            self.ensured += 1
+
+    store = Recording()
+    worker = create_worker(Router(), Settings(), store=store, subscription="s")
+    assert store.ensured == 1 and worker.processor.store is store

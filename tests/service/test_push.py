@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from eventbus.correlation import logs
 from eventbus.model.context import Context
 from eventbus.model.errors import PermanentError, StoreUnavailable
 from eventbus.model.forward import is_forward
 from eventbus.model.keys import child_key
 from eventbus.model.router import Router
 from eventbus.store.memory import MemoryEventStore
-from eventbus.web import logs
 from tests import golden
 from tests.service.conftest import Make, event
 

@@ -52,3 +52,25 @@ def test_round_trips_new_event_two_duplicate_one(store: MongoEventStore) -> None
     with store.round_trips.measure() as duplicate:
         assert push("rt-1", "m-2") == "duplicate"
     assert (new.count, duplicate.count) == (2, 1), (new.commands, duplicate.commands)
+
+
+def test_an_ordered_handler_costs_one_round_trip_more(store: MongoEventStore) -> None:
+    # The entity's hold is one more round trip; its release rides in the finish's.
+    router = Router()
+    router.handler("TEST", ordered_by="entity_data.n")(lambda context: None)
+    client = create_app(router, Settings(relay_inline=False), store,
+                        now=FakeClock(START)).test_client()
+
+    def push(key: str, n: int) -> str:
+        data = json.dumps(event(n=n)).encode()
+        body = push_body(data, {"idempotency_key": key}, f"m-{key}")
+        return str(client.post("/", json=body).json["outcome"])
+
+    push("warm", 0)
+    with store.round_trips.measure() as new:
+        assert push("o-2", 2) == "processed"
+    with store.round_trips.measure() as stale:
+        assert push("o-1", 1) == "stale"
+    with store.round_trips.measure() as duplicate:
+        assert push("o-2", 2) == "duplicate"
+    assert (new.count, stale.count, duplicate.count) == (3, 3, 1), (new.commands, stale.commands)

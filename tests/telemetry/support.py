@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from eventbus.correlation import logs
 from eventbus.telemetry import names
 from eventbus.telemetry.otel import OtelTelemetry
 from eventbus.telemetry.providers import sampler, views
 from eventbus.testing import FakeClock
-from eventbus.web import logs
 
 
 @dataclasses.dataclass

@@ -43,7 +43,7 @@ WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.bas
                       "eventbus.breaker",
                       "eventbus.store.documents", "eventbus.processor", "eventbus.outbox",
                       "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers",
-                      "eventbus.assembly")
+                      "eventbus.assembly", "eventbus.correlation")
 PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                         "eventbus.store.documents", "eventbus.store", "eventbus.guard",
                         "eventbus.breaker", "eventbus.correlation", "eventbus.processor")

@@ -102,6 +102,8 @@ class DeployConfig:
     consumer: str = "push"
     pull_event_types: tuple[str, ...] = ()
     pull_exactly_once: bool = False
+    pull_ordered: bool = False
+    """Message ordering on the worker's subscription: per-ordering-key serial delivery."""
     worker_service_account_id: str = "eventbus-worker"
     worker_instances: int = 1
     worker_cpu: str = "1"

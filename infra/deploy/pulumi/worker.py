@@ -4,8 +4,9 @@
 
 * the worker's pull subscription ``<topic>-pull`` on the event topic: the push subscription's
   ack deadline, retry policy, dead-letter policy, retention and no expiry; exactly-once
-  delivery when ``pullExactlyOnce`` is set; with ``pullEventTypes`` (``consumer: both``) a
-  filter that takes those event types, while the push subscription takes the rest;
+  delivery when ``pullExactlyOnce`` is set; message ordering when ``pullOrdered`` is;
+  with ``pullEventTypes`` (``consumer: both``) a filter that takes those event types,
+  while the push subscription takes the rest;
 * the Pub/Sub service agent's subscriber role on it, which dead-lettering needs;
 * the worker's own service account, with least privilege: consume and read its one
   subscription, publish to the event topic (the cascades' relay), read the MongoDB secret.
@@ -80,6 +81,7 @@ def config_problems(c: DeployConfig) -> list[str]:
         f"pullEventTypes: a subscription filter is at most {MAX_FILTER_BYTES} bytes":
             all(len(f.encode()) <= MAX_FILTER_BYTES for f in filters),
         "pullExactlyOnce needs consumer pull or both": not c.pull_exactly_once or c.pull_enabled,
+        "pullOrdered needs consumer pull or both": not c.pull_ordered or c.pull_enabled,
         "workerInstances must be >= 0": c.worker_instances >= 0,
         "workerBatchSize must be >= 1": c.worker_batch_size >= 1,
         "workerConcurrency and workerRate must be >= 0 (0: the worker's default, no ceiling)":
@@ -142,6 +144,7 @@ class _Worker:
                 dead_letter_topic=s.dead_letter.id,
                 max_delivery_attempts=c.max_delivery_attempts),
             enable_exactly_once_delivery=c.pull_exactly_once,
+            enable_message_ordering=c.pull_ordered,
             filter=pull_filter(c)))
         # Dead-lettering from this subscription: the agent acks what it forwards.
         s.subscription_grant("agent-acks-pull-subscription", self.pull,

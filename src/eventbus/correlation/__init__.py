@@ -4,7 +4,9 @@
   parsed strictly, and the current scope (the request or message a line
   belongs to); children carry their parent's context in their attributes;
 * ``outbound``: the ``REQUEST_OUTBOUND`` line and Cloud Logging's ``httpRequest``;
-* ``session``: a ``requests`` session that writes one outbound line per call.
+* ``session``: a ``requests`` session that writes one outbound line per call;
+* ``logs``: the JSON log format (seed 004's fields, Cloud Logging's ``severity``
+  and trace), the push's ``REQUEST_INBOUND`` line; the app and the worker configure it.
 
 This is the small stdlib-only path that groups log lines by request and by
 cascade in Cloud Logging with telemetry off and without OpenTelemetry

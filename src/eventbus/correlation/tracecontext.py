@@ -11,7 +11,7 @@ the relay can use it with telemetry off and without OpenTelemetry installed.
   push endpoint opens one per request; the processor moves it to the
   message's trace (a cascade's trace, carried in the message attributes);
   every log line written inside it carries that trace, so Cloud Logging
-  groups them (``eventbus.web.logs``).
+  groups them (``eventbus.correlation.logs``).
 """
 
 from __future__ import annotations

@@ -20,9 +20,12 @@ class Outcome(enum.Enum):
     """The handler ran but another worker took the lease meanwhile (503: it decides)."""
     PARKED = "parked"
     """The partner's breaker or rate paused the call: stored FAILED-retryable, parked, acked."""
+    STALE = "stale"
+    """An ordered handler's event older than one applied for its entity: stored SUCCESS
+    as stale, never run (acked)."""
 
     @property
     def acked(self) -> bool:
         """True when Pub/Sub must stop delivering the message."""
         return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.CONFLICT,
-                        Outcome.PARKED}
+                        Outcome.PARKED, Outcome.STALE}

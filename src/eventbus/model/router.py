@@ -49,6 +49,10 @@ class Route:
     internal: bool = False
     """A step of a cascade: runs only for children the relay published from a
     SUCCESS parent's outbox, never for a message from outside."""
+    ordered_by: str | None = None
+    """A dotted path to the event's position (``eventbus.model.order``): the handler
+    never runs for an event older than one applied for its entity, nor beside another
+    event of that entity."""
 
     def upcast(self, event: Event) -> Event:
         """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``."""
@@ -73,15 +77,21 @@ class Router:
 
     def handler(self, event_type: str, *, versions: tuple[str, ...] = ("v1",),
                 upcasters: Mapping[str, Upcaster] | None = None,
-                internal: bool = False) -> Callable[[Handler], Handler]:
+                internal: bool = False,
+                ordered_by: str | None = None) -> Callable[[Handler], Handler]:
         """Register the decorated function for ``event_type``.
 
         ``internal=True`` declares a step of a cascade (a partner call, say):
         it runs only for a child the relay published from its parent's outbox.
+        ``ordered_by`` (a dotted path such as ``entity_data.updatedAt``) makes
+        the newest event of an entity win: see ``eventbus.model.order``.
         """
+        if ordered_by is not None and not all(ordered_by.split(".")):
+            raise ValueError(f"ordered_by must be a dotted path, not {ordered_by!r}")
+
         def register(function: Handler) -> Handler:
             self.add(Route(event_type, function, tuple(versions), dict(upcasters or {}),
-                           internal))
+                           internal, ordered_by))
             return function
         return register
 

@@ -58,6 +58,8 @@ def cascade_statuses(store: EventStore, roots: set[str]) -> dict[str, str]:
 def _status(doc: Mapping[str, Any]) -> str:
     if doc.get("event_status") == Status.FAILED and doc.get("retryable"):
         return "FAILED(retrying)"
+    if doc.get("event_status") == Status.SUCCESS and doc.get("stale"):
+        return "SUCCESS(stale)"  # ordered_by: older than what its entity applied, never run
     return str(doc.get("event_status"))
 
 

@@ -33,10 +33,11 @@ from eventbus.store.base import Record
 from eventbus.store.operator_queries import EventQuery
 
 FAILED = Status.FAILED.value
+SUCCESS = Status.SUCCESS.value
 # The most FAILED records one grouping reads; more are reported as truncated.
 FAILED_SCAN = 20_000
 GROUP_ID_CHARS = 12
-LIST_FIELDS = ("idempotency_key", "event_type", "event_status", "retryable", "error",
+LIST_FIELDS = ("idempotency_key", "event_type", "event_status", "retryable", "error", "stale",
                "attempts", "entity_metadata", "created", "lastUpdatedTime",
                "replayed_at_attempt", "replays", "dead_lettered", "raw_payload")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
@@ -49,10 +50,13 @@ MAX_CAUSE = 200
 
 
 def status_label(record: Mapping[str, Any]) -> str:
-    """Return the record's status, with FAILED split into retrying and for good."""
+    """Return the record's status: FAILED split into retrying and for good, SUCCESS(stale)
+    for an ordered handler's event older than its entity's applied position (never run)."""
     status = str(record.get("event_status", "?"))
     if status == FAILED:
         return "FAILED(retrying)" if record.get("retryable") is True else "FAILED(final)"
+    if status == SUCCESS and record.get("stale"):
+        return "SUCCESS(stale)"
     return status
 
 

@@ -36,6 +36,10 @@ class RenewingStore(Protocol):
         """Extend the leases of ``owners`` (key → owner); return the keys still held."""
         ...
 
+    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the entity holds of ``holders`` (entity key → owner); return those held."""
+        ...
+
 
 @dataclasses.dataclass
 class Lease:
@@ -44,6 +48,8 @@ class Lease:
     key: str
     owner: str
     lost: bool = False
+    entity: bool = False
+    """An ordered entity's hold (``renew_entities``), not an event's lease."""
 
 
 class Heartbeat:
@@ -60,17 +66,23 @@ class Heartbeat:
         self._background = background
 
     @contextlib.contextmanager
-    def hold(self, owners: Mapping[str, str]) -> Iterator[dict[str, Lease]]:
-        """Keep every lease of a batch (key → owner) alive for the block; yield them by key."""
+    def hold(self, owners: Mapping[str, str],
+             entities: Mapping[str, str] | None = None) -> Iterator[dict[str, Lease]]:
+        """Keep every lease of a batch (key → owner) alive for the block; yield them by key.
+
+        ``entities`` (entity key → owner) are the ordered entities the batch
+        holds: renewed with the leases, so a long handler keeps its entity.
+        """
         leases = {key: Lease(key, owner) for key, owner in owners.items()}
+        held = [Lease(key, owner, entity=True) for key, owner in (entities or {}).items()]
         with self._lock:
-            self._live.update((id(lease), lease) for lease in leases.values())
+            self._live.update((id(lease), lease) for lease in [*leases.values(), *held])
         self._ensure_thread()
         try:
             yield leases
         finally:
             with self._lock:
-                for lease in leases.values():
+                for lease in [*leases.values(), *held]:
                     self._live.pop(id(lease), None)
 
     def beat(self) -> None:
@@ -78,9 +90,9 @@ class Heartbeat:
         with self._lock:
             leases = [lease for lease in self._live.values() if not lease.lost]
         for round_ in _rounds(leases):
+            renew = self.store.renew_entities if round_[0].entity else self.store.renew_many
             try:
-                held = self.store.renew_many({lease.key: lease.owner for lease in round_},
-                                             self.now())
+                held = renew({lease.key: lease.owner for lease in round_}, self.now())
             except StoreUnavailable as exc:  # the next beat tries again
                 logger.warning("%d leases not renewed: %s", len(round_), exc)
                 return
@@ -104,10 +116,12 @@ class Heartbeat:
 
 
 def _rounds(leases: list[Lease]) -> list[list[Lease]]:
-    """Split ``leases`` so no key is asked twice in one round (an old and a new owner)."""
+    """Split ``leases`` so no key is asked twice in one round (an old and a new owner),
+    and events and entities are renewed apart."""
     rounds: list[list[Lease]] = []
     for lease in leases:
-        free = next((r for r in rounds if all(other.key != lease.key for other in r)), None)
+        free = next((r for r in rounds if r[0].entity == lease.entity
+                     and all(other.key != lease.key for other in r)), None)
         if free is None:
             rounds.append(free := [])
         free.append(lease)

@@ -33,6 +33,7 @@ from eventbus.model.keys import (
     record_key,
     rejected_key,
 )
+from eventbus.model.order import Ordering, ordering
 from eventbus.model.router import Route, Router
 from eventbus.model.status import Status
 from eventbus.store import documents
@@ -51,6 +52,8 @@ class Located:
     root_key: str = ""
     error: InvalidEvent | None = None
     """Set when the message is stored FAILED for good without running."""
+    order: Ordering | None = None
+    """The entity and position of an event whose handler is ordered (``ordered_by``)."""
 
     @property
     def fingerprint(self) -> str:
@@ -77,16 +80,19 @@ class Intake:
             return _refused(delivery, parsed, exc)
         try:
             route = self._route(event, key, root)
+            # The position is read as the handler reads the event: upcast.
+            order = ordering(route.upcast(event), route.ordered_by) if route.ordered_by \
+                else None
         except InternalOnly as exc:
             return _refused(delivery, event, exc)
         except InvalidEvent as exc:
-            # An unknown type keeps its own key, so a replay after the deploy
-            # that adds its handler finds it, and its fingerprint, so a
-            # corrected event published under that key is told apart from it.
+            # An unknown type (or an ordered event without a position) keeps
+            # its own key, so a replay after the fix finds it, and its
+            # fingerprint, so a corrected event under that key is told apart.
             return _refused(delivery, event, exc, key, payload)
         fields = documents.event_fields(event, delivery, fingerprint=payload,
                                         **self._links(delivery, key, root))
-        return Located(delivery, key, fields, event, route, root)
+        return Located(delivery, key, fields, event, route, root, order=order)
 
     def _key(self, event: Event, delivery: Delivery, payload: str) -> tuple[str, str]:
         if REPLAY_OF in delivery.attributes:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,11 +48,12 @@ from eventbus.model.router import Router
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
 from eventbus.processor.middleware import Middleware
+from eventbus.processor.ordering import Lane, Lanes, applied_fields, stale_pending
 from eventbus.processor.rejections import Rejections, brief, existing
 from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
 from eventbus.store import documents
-from eventbus.store.base import EventStore, Finish
+from eventbus.store.base import EntityRelease, EventStore, Finish
 from eventbus.store.documents import parking
 
 logger = logging.getLogger("eventbus")
@@ -74,7 +76,8 @@ class Processor:
     def __init__(self, store: EventStore, router: Router, settings: Settings, now: Clock,
                  after_success: AfterSuccess | None = None,
                  classifier: Classifier | None = None, heartbeat: Heartbeat | None = None,
-                 middleware: Sequence[Middleware] = (), concurrency: int = 1) -> None:
+                 middleware: Sequence[Middleware] = (), concurrency: int = 1,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.store, self.router, self.settings, self.now = store, router, settings, now
         router.check()  # a forward of an internal or unhandled type stops the app here
         self.after_success, self.middleware = after_success, tuple(middleware)
@@ -84,6 +87,7 @@ class Processor:
         self.partners = Partners(store, settings, now=now, classifier=self.classifier)
         self.intake, self.rejections = Intake(store, router), Rejections(store, now)
         self.heartbeat = heartbeat or Heartbeat(store, now=now)
+        self.lanes = Lanes(store, now, settings.order_wait_seconds, sleep=sleep)
         self.concurrency = max(1, concurrency)
         self._pool: ThreadPoolExecutor | None = None
 
@@ -104,7 +108,7 @@ class Processor:
                                    items[0].request_id) \
             if len(items) == 1 and not self._span_scoped else None
         try:
-            with self._observed(items):
+            with self._observed(items) if self.middleware else _NOTHING:
                 self._stages(items)
         finally:
             tracecontext.leave(scope)
@@ -144,18 +148,19 @@ class Processor:
     def _refuse(self, items: list[Item]) -> None:
         refused = [item for item in items if item.located and item.located.error]
         if refused:
-            with self._around("finish", refused):
+            with self._around("finish", refused) if self.middleware else _NOTHING:
                 for item in refused:
                     assert item.located is not None and item.located.error is not None
                     item.result = self.rejections.reject(item.located, item.located.error)
 
     def _claim(self, items: list[Item]) -> list[Item]:
-        wanted = [item for item in items if _undecided(item) and item.routed]
+        wanted = [item for item in items
+                  if item.result is None and item.leader is None and item.routed]
         if not wanted:
             return []
-        with self._around("claim", wanted):
-            batch = self.store.claim_many({item.key: _fields(item) for item in wanted},
-                                          self.now())
+        with self._around("claim", wanted) if self.middleware else _NOTHING:
+            batch = self.store.claim_many({item.key: item.located.fields for item in wanted
+                                           if item.located is not None}, self.now())
         for item in wanted:
             item.claim = batch.taken.get(item.key)
             if item.claim is None:
@@ -177,25 +182,37 @@ class Processor:
     def _handle(self, claimed: list[Item], alone: bool) -> None:
         if not claimed:
             return
+        ordered = any(item.located is not None and item.located.order for item in claimed)
+        lanes = self.lanes.of(claimed) if ordered else [Lane([item]) for item in claimed]
         owners = {item.key: item.claim.owner for item in claimed if item.claim is not None}
-        with self.heartbeat.hold(owners) as leases:
-            if len(claimed) > 1 and self.concurrency > 1:
-                list(self._threads().map(lambda item: self._run(item, leases[item.key], alone),
-                                         claimed))
+        entities = {lane.entity_key: lane.owner for lane in lanes if lane.entity_key}
+        with self.heartbeat.hold(owners, entities) as leases:
+            if len(lanes) > 1 and self.concurrency > 1:
+                list(self._threads().map(lambda lane: self._run_lane(lane, leases, alone),
+                                         lanes))
             else:
-                for item in claimed:
-                    self._run(item, leases[item.key], alone)
-            self._finish(claimed)
+                for lane in lanes:
+                    self._run_lane(lane, leases, alone)
+            self._finish(claimed, [lane.release() for lane in lanes if lane.entity_key])
 
-    def _finish(self, claimed: list[Item]) -> None:
-        waiting = [item for item in claimed if _undecided(item) and item.pending is not None]
-        if not waiting:
+    def _run_lane(self, lane: Lane, leases: Mapping[str, Lease], alone: bool) -> None:
+        for item in lane.items:
+            if lane.entity_key and lane.stale(item):
+                item.pending = stale_pending(item, lane)
+            else:
+                self._run(item, leases[item.key], alone, lane)
+
+    def _finish(self, claimed: list[Item], releases: list[EntityRelease]) -> None:
+        waiting = [item for item in claimed if item.result is None and item.leader is None
+                   and item.pending is not None]
+        if not waiting and not releases:
             return
-        with self._around("finish", waiting):
-            done = self.store.finish_many([_pending(item).finish for item in waiting],
-                                          self.now())
+        with self._around("finish", waiting) if self.middleware else _NOTHING:
+            done = self.store.finish_many([item.pending.finish for item in waiting
+                                           if item.pending is not None], self.now(), releases)
         for item in waiting:
-            pending = _pending(item)
+            pending = item.pending
+            assert pending is not None
             if item.key in done.lost:
                 item.result = _lease_lost(item)
             elif item.key in done.refused:
@@ -212,12 +229,13 @@ class Processor:
                 and item.pending is not None and item.pending.finish.outbox]
         if hook is None or not sent:
             return
-        with self._around("relay", sent):
+        with self._around("relay", sent) if self.middleware else _NOTHING:
             for item in sent:
-                _run_hook(hook, item.key, _pending(item).finish.outbox)
+                if item.pending is not None:
+                    _run_hook(hook, item.key, item.pending.finish.outbox)
 
     # -- one handler ------------------------------------------------------------------
-    def _run(self, item: Item, lease: Lease, alone: bool) -> None:
+    def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
         assert item.claim is not None and item.located is not None
         if self._attempts_used(item) > self.settings.max_attempts:
             item.pending = self._failure(item, AttemptCapReached("attempt cap reached"))
@@ -234,7 +252,10 @@ class Processor:
         if lease.lost:
             item.result = _lease_lost(item)
             return
-        item.pending = self._success(item, context, carried)
+        item.pending = self._success(item, context, carried,
+                                     applied_fields(item) if lane.entity_key else None)
+        if lane.entity_key:
+            lane.applied(item)
 
     def _attempts_used(self, item: Item) -> int:
         # A replay grants a fresh set of attempts: count from where it started;
@@ -274,8 +295,8 @@ class Processor:
                 carried = stack.enter_context(middleware.handler(item)) or carried
             yield carried
 
-    def _success(self, item: Item, context: Context,
-                 carried: Mapping[str, str] | None) -> Pending:
+    def _success(self, item: Item, context: Context, carried: Mapping[str, str] | None,
+                 extra: Mapping[str, Any] | None = None) -> Pending:
         assert item.claim is not None
         key, created = item.key, documents.bson_time(self.now())
         outbox: list[dict[str, Any]] = [child.to_document(key, context.root_key, created)
@@ -283,7 +304,7 @@ class Processor:
         outbox += self.router.forwards.entries(context.event, key, context.root_key, created,
                                                (item.claim.previous or {}).get("outbox", ()))
         outbox = tracecontext.stamp(outbox, carried)
-        return Pending(Finish(key, item.claim.owner, outbox=tuple(outbox)),
+        return Pending(Finish(key, item.claim.owner, outbox=tuple(outbox), extra=extra),
                        Result(Outcome.PROCESSED, key=key, event_type=item.event_type,
                               attempt=item.claim.attempt, children=len(context.children)))
 
@@ -333,17 +354,15 @@ class Processor:
                       attempt=item.claim.attempt, error=ContentRejected.__name__)
 
     # -- around the stages ------------------------------------------------------------
+    # Called only with middleware: with none, the stages run bare (a push with
+    # telemetry off makes no call here).
     def _observed(self, items: list[Item]) -> contextlib.AbstractContextManager[Any]:
-        if not self.middleware:
-            return _NOTHING
         stack = contextlib.ExitStack()
         for middleware in self.middleware:
             stack.enter_context(middleware.batch(items))
         return stack
 
     def _around(self, stage: str, items: list[Item]) -> contextlib.AbstractContextManager[Any]:
-        if not self.middleware:
-            return _NOTHING
         stack = contextlib.ExitStack()
         for middleware in self.middleware:
             stack.enter_context(middleware.stage(stage, items))
@@ -358,16 +377,6 @@ class Processor:
 def _undecided(item: Item) -> bool:
     """True while no stage has decided the item's result (nor follows another's)."""
     return item.result is None and item.leader is None
-
-
-def _fields(item: Item) -> Mapping[str, Any]:
-    assert item.located is not None
-    return item.located.fields
-
-
-def _pending(item: Item) -> Pending:
-    assert item.pending is not None
-    return item.pending
 
 
 def _unavailable(error: str) -> Result:

@@ -73,6 +73,50 @@ class Finish:
     """None for SUCCESS; the error document for FAILED."""
     retryable: bool = False
     redrive_at: datetime | None = None
+    extra: Mapping[str, Any] | None = None
+    """More fields stored with SUCCESS (``order``, ``stale`` of an ordered event)."""
+    unclaim: bool = False
+    """Give the claim back untouched (its entity is busy): PENDING again, the attempt returned."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EntityTake:
+    """What a batch asks of one entity: to hold it for its events (keys and positions)."""
+
+    entity: Mapping[str, Any]
+    """``{partnerId, entity_type, entity_id}``, stored with a new entity record."""
+    keys: tuple[str, ...]
+    positions: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EntityHolds:
+    """What ``take_entities`` did: the owner of the holds, and each entity's record after it."""
+
+    owner: str
+    records: dict[str, Record]
+    """Entity key → its record; ``holder.owner`` is the owner when this call holds it."""
+    owners: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Entity key → its owner, where a later take (a retry) held it under another one."""
+
+    def owner_of(self, entity_key: str) -> str:
+        """The owner ``entity_key`` is held under, if held by these takes."""
+        return self.owners.get(entity_key, self.owner)
+
+    def held(self, entity_key: str) -> bool:
+        """True when these takes hold ``entity_key``."""
+        holder = self.records.get(entity_key, {}).get("holder")
+        return isinstance(holder, Mapping) and holder.get("owner") == self.owner_of(entity_key)
+
+
+@dataclasses.dataclass(frozen=True)
+class EntityRelease:
+    """Free a held entity at finish; with ``applied_key``, store ``position`` as applied."""
+
+    entity_key: str
+    owner: str
+    position: Any = None
+    applied_key: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,12 +202,27 @@ class EventStore(Protocol):
         """
         ...
 
-    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> Finished:
+    def finish_many(self, finishes: Sequence[Finish], now: datetime,
+                    releases: Sequence[EntityRelease] = ()) -> Finished:
         """Store every outcome at once (one key: one round trip, as ``succeed``/``fail``).
 
         Children the store refuses for their content leave their parent FAILED
         for good (``Finished.refused``); a lease another worker took leaves the
-        record as that worker has it (``Finished.lost``).
+        record as that worker has it (``Finished.lost``). ``releases`` free the
+        entities the batch held, in the same round trip.
+        """
+        ...
+
+    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the holds of ``holders`` (entity key → owner) at once; return those still held."""
+        ...
+
+    def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
+        """Hold each free entity (entity key → ``EntityTake``) for one new owner, at once.
+
+        An entity is free when nobody holds it or its holder's lease ran out
+        (that holder's keys and positions become its ``orphan``). One entity:
+        one round trip; many: two.
         """
         ...
 

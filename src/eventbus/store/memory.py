@@ -277,8 +277,8 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         """Return the summary fields of every event, or of the cascades from ``roots``."""
         with self._lock:
             return [documents.summary(copy.deepcopy(record)) for key, record
-                    in self._events.items()
-                    if roots is None or key in roots or record.get("root_key") in roots]
+                    in self._events.items() if not documents.is_entity(record)
+                    and (roots is None or key in roots or record.get("root_key") in roots)]
 
     def get_many(self, keys: Collection[str]) -> list[Record]:
         """Return copies of the records of ``keys`` that exist."""

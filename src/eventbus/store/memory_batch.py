@@ -9,12 +9,22 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from eventbus.model.errors import AlreadyExists, Conflict, ContentRejected
 from eventbus.store import documents
-from eventbus.store.base import BatchClaim, Claim, Finish, Finished, Record, claim_of_one
+from eventbus.store.base import (
+    BatchClaim,
+    Claim,
+    EntityHolds,
+    EntityRelease,
+    EntityTake,
+    Finish,
+    Finished,
+    Record,
+    claim_of_one,
+)
 
 
 class MemoryBatchMixin:
@@ -42,6 +52,14 @@ class MemoryBatchMixin:
         def renew(self, key: str, owner: str, now: datetime) -> bool:
             """``MemoryEventStore.renew``."""
 
+        def _held(self, key: str, owner: str) -> Record | None:
+            """``MemoryEventStore._held``."""
+
+        def _finish(self, key: str, owner: str, fields: Mapping[str, Any]) -> bool:
+            """``MemoryEventStore._finish``."""
+
+        _lease: timedelta
+
     def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
         """Claim every key at once, one owner for the batch (``EventStore.claim_many``)."""
         if len(items) == 1:
@@ -57,10 +75,13 @@ class MemoryBatchMixin:
                     refused.add(key)
         return BatchClaim(taken, records, frozenset(refused))
 
-    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> Finished:
-        """Store every outcome; say which leases were lost and which children refused."""
+    def finish_many(self, finishes: Sequence[Finish], now: datetime,
+                    releases: Sequence[EntityRelease] = ()) -> Finished:
+        """Store every outcome, free the entities; say which leases were lost, children refused."""
         lost, refused = set(), set()
         with self._lock:
+            for release in releases:
+                self._release(release, now)
             for finish in finishes:
                 try:
                     stored = self._finish_one(finish, now)
@@ -73,12 +94,65 @@ class MemoryBatchMixin:
         return Finished(frozenset(lost), frozenset(refused - lost))
 
     def _finish_one(self, finish: Finish, now: datetime) -> bool:
+        if finish.unclaim:
+            return self._unclaim(finish.key, finish.owner, now)
+        if finish.error is None and finish.extra:
+            update = documents.succeed_update(now, finish.outbox, finish.extra)
+            return self._finish(finish.key, finish.owner, update["$set"])
         if finish.error is None:
             return self.succeed(finish.key, finish.owner, now, finish.outbox)
         return self.fail(finish.key, finish.owner, now, finish.error,
                          retryable=finish.retryable, redrive_at=finish.redrive_at)
 
+    def _unclaim(self, key: str, owner: str, now: datetime) -> bool:
+        record = self._held(key, owner)
+        if record is None:
+            return False
+        record.update(event_status=documents.PENDING, lastUpdatedTime=documents.epoch_ms(now),
+                      attempts=int(record.get("attempts") or 1) - 1)
+        record.pop("lease_until", None)
+        record.pop("lease_owner", None)
+        return True
+
+    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the entity holds still held, and return those keys."""
+        until = documents.bson_time(documents.bson_time(now) + self._lease)
+        held = set()
+        with self._lock:
+            for key, owner in holders.items():
+                holder = (self._events.get(key) or {}).get("holder")
+                if isinstance(holder, dict) and holder.get("owner") == owner:
+                    holder["until"] = until
+                    held.add(key)
+        return held
+
+    def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
+        """Hold each free entity for one new owner (``EventStore.take_entities``)."""
+        owner, found = uuid.uuid4().hex, {}
+        now = documents.bson_time(now)
+        with self._lock:
+            for key, take in takes.items():
+                record = self._events.setdefault(key, {"idempotency_key": key})
+                if documents.entity_free(record, now):
+                    record.update(documents.taken_fields(record, take.entity, owner, now,
+                                                         self._lease, take.keys,
+                                                         take.positions))
+                found[key] = copy.deepcopy(record)
+        return EntityHolds(owner, found)
+
+    def _release(self, release: EntityRelease, now: datetime) -> None:
+        record = self._events.get(release.entity_key)
+        holder = (record or {}).get("holder")
+        if record is None or not isinstance(holder, Mapping) or \
+                holder.get("owner") != release.owner:
+            return
+        update = documents.release_update(now, release.position, release.applied_key)
+        record.update(update["$set"])
+        for name in update["$unset"]:
+            record.pop(name, None)
+
     def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
         """Extend every lease still held; return those keys."""
         with self._lock:
             return {key for key, owner in owners.items() if self.renew(key, owner, now)}
+

@@ -279,7 +279,8 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
 
     def summaries(self, roots: Collection_[str] | None = None) -> list[Record]:
         """Return the summary fields of every event, or of the cascades from ``roots``."""
-        query = {} if roots is None else documents.cascade_filter(list(roots))
+        query = dict(documents.NOT_ENTITY) if roots is None else \
+            documents.cascade_filter(list(roots))
         projection = {name: 1 for name in documents.SUMMARY_FIELDS if name != "outbox"}
         projection.update({f"outbox.{name}": 1 for name in documents.SUMMARY_OUTBOX_FIELDS})
         with _unavailable("summarise", "events"):

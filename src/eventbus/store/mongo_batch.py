@@ -31,12 +31,22 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pymongo import InsertOne, UpdateMany, UpdateOne
+from pymongo import InsertOne, ReturnDocument, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError
 
 from eventbus.model.errors import ContentRejected
 from eventbus.store import documents
-from eventbus.store.base import BatchClaim, Claim, Finish, Finished, Record, claim_of_one
+from eventbus.store.base import (
+    BatchClaim,
+    Claim,
+    EntityHolds,
+    EntityRelease,
+    EntityTake,
+    Finish,
+    Finished,
+    Record,
+    claim_of_one,
+)
 from eventbus.store.mongo_errors import unavailable
 
 DUPLICATE_KEY = 11000
@@ -63,6 +73,9 @@ class MongoBatchMixin:
                  retryable: bool, redrive_at: datetime | None = None) -> bool:
             """``MongoEventStore.fail``."""
 
+        def _finish(self, key: str, owner: str, update: Mapping[str, Any], action: str) -> bool:
+            """``MongoEventStore._finish``: one owner-checked update."""
+
     def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
         """Claim every key at once (``EventStore.claim_many``): two round trips, one for one key."""
         if len(items) == 1:
@@ -86,37 +99,79 @@ class MongoBatchMixin:
         return BatchClaim(claimed.taken, claimed.records,
                           frozenset(keys[index] for index in refused))
 
-    def finish_many(self, finishes: Sequence[Finish], now: datetime) -> Finished:
+    def finish_many(self, finishes: Sequence[Finish], now: datetime,
+                    releases: Sequence[EntityRelease] = ()) -> Finished:
         """Store every outcome at once; say which leases were lost and which children refused."""
-        if len(finishes) == 1:
+        if len(finishes) == 1 and not releases:
             return self._finish_one(finishes[0], now)
-        if not finishes:
+        if not finishes and not releases:
             return Finished()
         stamp = documents.epoch_ms(now)
-        writes = [UpdateOne(documents.owner_filter(f.key, f.owner), _finish_update(f, now))
+        writes = [UpdateOne(documents.owner_filter(f.key, f.owner), documents.finish_update(f, now))
                   for f in finishes]
+        writes += [UpdateOne(documents.holder_filter(r.entity_key, r.owner),
+                             documents.release_update(now, r.position, r.applied_key))
+                   for r in releases]
         with unavailable("finish batch", "batch"):
             matched, refused = _bulk(self._collection, writes)
             if refused:  # children the store cannot hold: FAILED for good, as for one event
                 matched += self._refuse(finishes, refused, now)
             keys = frozenset(finishes[i].key for i in refused)
-            if matched == len(finishes):
+            if matched >= len(writes):
                 return Finished(refused=keys)
             lost = self._not_finished(finishes, stamp)
             return Finished(frozenset(lost), keys - lost)
 
     def _finish_one(self, finish: Finish, now: datetime) -> Finished:
         try:
-            stored = self.succeed(finish.key, finish.owner, now, finish.outbox) \
-                if finish.error is None else \
-                self.fail(finish.key, finish.owner, now, finish.error,
-                          retryable=finish.retryable, redrive_at=finish.redrive_at)
+            stored = self._finish(finish.key, finish.owner, documents.finish_update(finish, now),
+                                  "finish")
         except ContentRejected as exc:  # the children: FAILED for good instead
             stored = self.fail(finish.key, finish.owner, now,
                                documents.error_document(exc, "content"), retryable=False)
             return Finished(refused=frozenset({finish.key}) if stored else frozenset(),
                             lost=frozenset() if stored else frozenset({finish.key}))
         return Finished(lost=frozenset() if stored else frozenset({finish.key}))
+
+    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the entity holds still held (one round trip), and return those keys."""
+        if not holders:
+            return set()
+        until = documents.bson_time(documents.bson_time(now) + self._lease)
+        writes = [UpdateOne(documents.holder_filter(key, owner), {"$set": {"holder.until": until}})
+                  for key, owner in holders.items()]
+        with unavailable("renew entities", "batch"):
+            if _bulk(self._collection, writes)[0] == len(holders):
+                return set(holders)
+            found = self._collection.find({"idempotency_key": {"$in": list(holders)}},
+                                          {"idempotency_key": 1, "holder": 1})
+            return {str(r["idempotency_key"]) for r in found
+                    if (r.get("holder") or {}).get("owner") == holders[str(r["idempotency_key"])]}
+
+    def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
+        """Hold each free entity for one new owner (``EventStore.take_entities``)."""
+        now, owner = documents.bson_time(now), uuid.uuid4().hex
+        updates = {key: documents.take_pipeline(take.entity, owner, now, self._lease, take.keys,
+                                                take.positions)
+                   for key, take in takes.items()}  # the rule for entities that exist
+        with unavailable("take entities", "batch"):
+            if len(updates) == 1:
+                ((key, update),) = updates.items()
+                found = self._collection.find_one_and_update(
+                    documents.key_filter(key), update, upsert=True,
+                    return_document=ReturnDocument.AFTER)
+                return EntityHolds(owner, {key: found})
+            # As claim_many: new entities are inserted held (the cheaper write
+            # shape); only the ones that exist get the take's pipeline.
+            keys = list(takes)
+            _, existing = _insert(self._collection, [InsertOne(
+                {"idempotency_key": key, **documents.taken_fields(
+                    None, takes[key].entity, owner, now, self._lease, takes[key].keys,
+                    takes[key].positions)}) for key in keys])
+            _bulk(self._collection, [UpdateOne(documents.key_filter(keys[i]), updates[keys[i]],
+                                               upsert=True) for i in existing])
+            found_all = self._collection.find({"idempotency_key": {"$in": list(updates)}})
+            return EntityHolds(owner, {str(r["idempotency_key"]): r for r in found_all})
 
     def _refuse(self, finishes: Sequence[Finish], refused: set[int], now: datetime) -> int:
         error = documents.error_document(
@@ -202,10 +257,3 @@ def _split(records: dict[str, Record], owner: str) -> BatchClaim:
         else:
             others[key] = record
     return BatchClaim(taken, others)
-
-
-def _finish_update(finish: Finish, now: datetime) -> dict[str, Any]:
-    if finish.error is None:
-        return documents.succeed_update(now, finish.outbox)
-    return documents.fail_update(now, finish.error, retryable=finish.retryable,
-                                 redrive_at=finish.redrive_at)

@@ -40,6 +40,8 @@ StoredAs = Literal["stored", "marked"]
 
 HISTORY_KEY = "entity_metadata.resilienceAttemptCount"
 PARTNER = "entity_metadata.partnerId"
+ENTITY_TYPE = "entity_metadata.entity_type"
+ENTITY_ID = "entity_metadata.entity_id"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,8 @@ class EventQuery:
     below_attempt: int | None = None
     min_attempts: int | None = None
     dead_lettered: bool | None = None
+    entity_type: str | None = None
+    entity_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,13 +110,17 @@ class OperatorStore(Protocol):
 
 def query_filter(query: EventQuery) -> dict[str, Any]:
     """Return the MongoDB filter of ``query`` (``memory_ops`` applies ``matches`` instead)."""
-    terms: dict[str, Any] = {}
+    terms: dict[str, Any] = dict(documents.NOT_ENTITY)  # events only, never entity records
     if query.statuses:
         terms["event_status"] = {"$in": list(query.statuses)}
     if query.event_type is not None:
         terms["event_type"] = query.event_type
     if query.partner_id is not None:
         terms[PARTNER] = query.partner_id
+    if query.entity_type is not None:
+        terms[ENTITY_TYPE] = query.entity_type
+    if query.entity_id is not None:
+        terms[ENTITY_ID] = query.entity_id
     created = _created_range(query)
     if created:
         terms["created"] = created
@@ -139,9 +147,12 @@ def _created_range(query: EventQuery) -> dict[str, str]:
 def matches(record: Mapping[str, Any], query: EventQuery) -> bool:
     """Return True when ``record`` matches ``query`` (what ``query_filter`` asks the server)."""
     checks = (
+        not documents.is_entity(record),
         not query.statuses or record.get("event_status") in query.statuses,
         query.event_type is None or record.get("event_type") == query.event_type,
         query.partner_id is None or lookup(record, PARTNER) == query.partner_id,
+        query.entity_type is None or lookup(record, ENTITY_TYPE) == query.entity_type,
+        query.entity_id is None or lookup(record, ENTITY_ID) == query.entity_id,
         _in_range(record.get("created"), query),
         query.retryable is None or (record.get("retryable") is True) == query.retryable,
         query.below_attempt is None or not _has_attempt(record, query.below_attempt),

@@ -34,7 +34,7 @@ from eventbus.telemetry import names
 
 UNROUTED = "(unrouted)"
 _FAILED = frozenset({"retry", "rejected", "unavailable", "lease_lost"})
-_FINAL = frozenset({"processed", "replayed", "rejected"})
+_FINAL = frozenset({"processed", "replayed", "rejected", "stale"})
 _NOTE = "eventbus.telemetry"
 _STORE_STEPS = frozenset({"claim", "finish"})
 

@@ -20,6 +20,7 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from eventbus.assembly import assemble, default_publisher, default_store, inline_relay, utcnow
+from eventbus.correlation import logs
 from eventbus.model.errors import Classifier
 from eventbus.model.router import Router
 from eventbus.processor import AfterSuccess, Clock
@@ -28,7 +29,6 @@ from eventbus.pubsub.push_auth import Authenticator
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.telemetry import Telemetry
-from eventbus.web import logs
 from eventbus.web.service import PushService
 
 __all__ = ["build_service", "create_app", "default_publisher", "default_store", "inline_relay",

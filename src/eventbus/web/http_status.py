@@ -30,6 +30,7 @@ STATUS: dict[Outcome, int] = {
     # Acked: the store redrives a parked event when its partner takes calls
     # again, and a 503 would slow every other partner's pushes.
     Outcome.PARKED: 200,
+    Outcome.STALE: 200,
 }
 # A failure of our own code outside any handler: nack, so nothing is lost.
 INTERNAL_ERROR_STATUS = 503

@@ -15,7 +15,7 @@ from typing import Any
 
 import flask
 
-from eventbus.correlation import tracecontext
+from eventbus.correlation import logs, tracecontext
 from eventbus.correlation.outbound import http_request
 from eventbus.model.errors import PayloadTooLarge, RequestError, StoreUnavailable
 from eventbus.processor import Processor, Result
@@ -25,7 +25,6 @@ from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.telemetry import Telemetry
 from eventbus.web import http_status as status_table
-from eventbus.web import logs
 
 logger = logging.getLogger("eventbus")
 

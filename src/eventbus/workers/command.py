@@ -90,9 +90,13 @@ def router_of(spec: str, load_app: Any) -> Router:
 
 
 def check_store(worker: PullWorker) -> None:
-    """One read, so an unreachable store stops the worker before it pulls anything."""
+    """Ensure the indexes (as the app does), so an unreachable store stops the worker at once.
+
+    The batch claim relies on the unique index of the idempotency key: a
+    worker that started on an empty database must create it before pulling.
+    """
     try:
-        worker.processor.store.get("eventbus-worker-start-check")
+        worker.processor.store.ensure_indexes()
     except StoreUnavailable as exc:
         raise SettingsError(f"the store is unreachable: {exc}") from None
 

@@ -20,6 +20,12 @@ what push would answer 2xx
 unavailable, lease lost, in progress): Pub/Sub redelivers with its backoff,
 and the store's redrive is the backstop, exactly as for push.
 
+**Ordering keys.** Messages are answered in the order they were pulled, so
+a later message of an ordering key is never acked before an earlier one; once
+one message of a key is nacked, the rest of that key in the batch are nacked
+too, so Pub/Sub redelivers them in order (what they did is stored: their
+redelivery is a duplicate).
+
 **Exactly-once.** On a subscription with exactly-once delivery, acks go
 through ``ack_with_response``; a failed ack is logged and counted, never
 retried by hand (the record already protects the effect: a redelivery is a
@@ -40,8 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eventbus.assembly import assemble
+from eventbus.correlation import logs
 from eventbus.model.delivery import Delivery
-from eventbus.model.errors import Classifier
+from eventbus.model.errors import Classifier, StoreUnavailable
 from eventbus.model.router import Router
 from eventbus.processor import Clock, Processor, Result
 from eventbus.pubsub.message import MessagePublisher
@@ -165,8 +172,12 @@ class PullWorker:
         self.rate.wait(len(batch))
         started = time.perf_counter()
         results = self.processor.run([self.delivery(m) for m in batch])
+        stopped: set[str] = set()  # ordering keys with a message nacked in this batch
         for message, result in zip(batch, results, strict=True):
-            self._answer(message, result, time.perf_counter() - started)
+            keep_order = bool(message.ordering_key) and message.ordering_key in stopped
+            self._answer(message, result, time.perf_counter() - started, nack=keep_order)
+            if message.ordering_key and not result.outcome.acked:
+                stopped.add(message.ordering_key)
         self.counters.batches += 1
         stats = self.metrics.last
         logger.debug("batch of %d: claim %.1f ms, finish %.1f ms", len(batch),
@@ -183,15 +194,17 @@ class PullWorker:
                         delivery_attempt=message.delivery_attempt,
                         ordering_key=message.ordering_key or "", form="pull")
 
-    def _answer(self, message: PulledMessage, result: Result, seconds: float) -> None:
+    def _answer(self, message: PulledMessage, result: Result, seconds: float,
+                nack: bool = False) -> None:
         outcome = result.outcome.value
         self.counters.outcomes[outcome] = self.counters.outcomes.get(outcome, 0) + 1
-        if result.outcome.acked:
+        if result.outcome.acked and not nack:
             self._ack(message, result)
         else:
             message.nack()
             self.counters.nacked += 1
-        _request_line(message, result, self.subscription, seconds)
+        _request_line(message, result, self.subscription, seconds,
+                      acked=result.outcome.acked and not nack)
 
     def _ack(self, message: PulledMessage, result: Result) -> None:
         self.counters.acked += 1
@@ -220,20 +233,25 @@ def create_worker(router: Router, settings: Settings | None = None,
     (default ``Settings.from_env()``), as for the push app.
     """
     settings = settings or Settings.from_env()
+    logs.configure(settings.service, settings.log_level, project=settings.project_id)
     telemetry = telemetry or telemetry_from_settings(settings, now=now)
     metrics = WorkerMetrics(getattr(telemetry, "meter", None))
     parts = assemble(router, settings, store, now=now, publisher=publisher,
                      classifier=classifier, telemetry=telemetry, concurrency=concurrency,
                      middleware=[metrics])
+    try:  # as the app does: the batch claim relies on the key's unique index
+        parts.store.ensure_indexes()
+    except StoreUnavailable as exc:
+        logger.warning("indexes not ensured yet: %s", exc)
     return PullWorker(parts.processor, Inbox(), subscription=subscription,
                       batch_size=batch_size, batch_wait=batch_wait, rate=rate,
                       exactly_once=exactly_once, metrics=metrics)
 
 
 def _request_line(message: PulledMessage, result: Result, subscription: str,
-                  seconds: float) -> None:
+                  seconds: float, *, acked: bool) -> None:
     """The push path's ``REQUEST_INBOUND`` line, for a pulled message (``method`` PULL)."""
-    status = 200 if result.outcome.acked else 503
+    status = 200 if acked else 503
     level = logging.ERROR if result.outcome.value == "rejected" else \
         logging.INFO if status == 200 else logging.WARNING
     request_log.log(level, "PULL %s %s", subscription, result.outcome.value, extra={

@@ -186,6 +186,7 @@ def test_zero_instances_pause_the_worker() -> None:
     ({"consumer": "both", "pull_event_types": tuple(f"TYPE_{n:04d}" for n in range(9))},
      "at most 256 bytes"),
     ({"consumer": "push", "pull_exactly_once": True}, "pullExactlyOnce needs consumer"),
+    ({"consumer": "push", "pull_ordered": True}, "pullOrdered needs consumer"),
     ({"consumer": "pull", "worker_instances": -1}, "workerInstances"),
     ({"consumer": "pull", "worker_batch_size": 0}, "workerBatchSize"),
     ({"consumer": "pull", "worker_rate": -1.0}, "workerRate"),
@@ -259,3 +260,13 @@ def test_the_program_deploys_a_pull_only_stack_from_pulumi_config() -> None:
     resources = run_under_mocks(declare, project="partner-eventbus")
     assert check_wiring(resources, PULL) == []
     assert of_type(resources, "cloudrunv2/workerPool:WorkerPool")
+
+
+def test_an_ordered_worker_subscription_has_message_ordering() -> None:
+    assert inputs(recorded(replace(PULL, pull_ordered=True)),
+                  "pull-subscription")["enableMessageOrdering"] is True
+    assert inputs(recorded(PULL), "pull-subscription").get("enableMessageOrdering") in (
+        False, None)
+    settings = {"project": "p", "region": "r", "image": "i", "consumer": "pull",
+                "pullOrdered": "true"}
+    assert stack.from_getter(settings.get).pull_ordered is True

@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from eventbus.model.order import entity_key
 from eventbus.ops import backoff, cascade
 from eventbus.ops.commands.common import (
     Tools,
@@ -21,6 +22,7 @@ from eventbus.ops.commands.common import (
 )
 from eventbus.ops.render import duration, moment, safe, table, to_json
 from eventbus.ops.reports import (
+    LIST_FIELDS,
     EventView,
     FailedReport,
     Stats,
@@ -33,6 +35,7 @@ from eventbus.ops.reports import (
     status_label,
 )
 from eventbus.store.base import Record
+from eventbus.store.operator_queries import EventQuery
 
 
 def add(commands: Any) -> None:
@@ -51,6 +54,14 @@ def add(commands: Any) -> None:
     show.add_argument("key", help="the idempotency key")
     add_json(show)
     show.set_defaults(run=cmd_show)
+    entity = commands.add_parser("entity", help="an ordered entity: applied position, holder, "
+                                                "its last events (ordered_by)")
+    entity.add_argument("partner", help="entity_metadata.partnerId")
+    entity.add_argument("entity_type", help="entity_metadata.entity_type")
+    entity.add_argument("entity_id", help="entity_metadata.entity_id")
+    entity.add_argument("--limit", type=positive, default=20, help="events (default 20)")
+    add_json(entity)
+    entity.set_defaults(run=cmd_entity)
     add_stats(commands)
     add_retries(commands)
 
@@ -154,6 +165,37 @@ def cmd_show(args: argparse.Namespace, tools: Tools) -> int:
         return 1
     tools.emit(view.to_json(), show_text(view), args)
     return 0
+
+
+def cmd_entity(args: argparse.Namespace, tools: Tools) -> int:
+    """Print an entity's applied position and holder, and its last events with their status."""
+    store = tools.store()
+    record = store.get(entity_key(args.partner, args.entity_type, args.entity_id)) or {}
+    events = store.find_events(EventQuery(partner_id=args.partner, entity_type=args.entity_type,
+                                          entity_id=args.entity_id),
+                               limit=args.limit, fields=LIST_FIELDS)
+    data = {"position": record.get("position"), "applied_key": record.get("applied_key"),
+            "applied_at": record.get("applied_at"), "holder": record.get("holder"),
+            "events": [{"key": e.get("idempotency_key"), "status": status_label(e),
+                        "event_type": e.get("event_type"), "created": e.get("created")}
+                       for e in events]}
+    tools.emit(data, entity_text(data), args)
+    return 0 if record or events else 1
+
+
+def entity_text(data: Mapping[str, Any]) -> str:
+    """Return the text of ``entity``: position, holder, events newest first."""
+    holder = data.get("holder") if isinstance(data.get("holder"), Mapping) else None
+    lines = [f"{'position:':<14}{safe(data.get('position'))}",
+             f"{'applied by:':<14}{safe(data.get('applied_key') or '-')}",
+             f"{'applied at:':<14}{safe(data.get('applied_at') or '-')}",
+             f"{'held:':<14}" + (f"by {safe(holder.get('owner'))} until "
+                                 f"{safe(holder.get('until'))}" if holder else "no"),
+             "", "events:", _indent(table(
+                 ["created", "key", "event_type", "status"],
+                 [[moment(e["created"]), e["key"], e["event_type"], e["status"]]
+                  for e in data["events"]]))]
+    return "\n".join(lines)
 
 
 def show_text(view: EventView) -> str:

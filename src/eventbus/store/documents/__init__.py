@@ -7,6 +7,7 @@ functions build, and the unit tests check them without a server.
 * ``claims``: the claim rule, in Python and as the claim's pipeline;
 * ``updates``: renew, succeed, fail, reject, redrive, abandon;
 * ``entries``: outbox entries in their parent's record;
+* ``entities``: entity records of ordered handlers (applied position, holder);
 * ``side_effects``: the side-effect guard's records;
 * ``summaries``: what operator views read of each event;
 * ``refusals``: which store errors mean "this content cannot be stored".
@@ -24,6 +25,15 @@ from eventbus.store.documents.claims import (
     lease_expired,
     next_attempt,
     redoes,
+)
+from eventbus.store.documents.entities import (
+    NOT_ENTITY,
+    entity_free,
+    holder_filter,
+    is_entity,
+    release_update,
+    take_pipeline,
+    taken_fields,
 )
 from eventbus.store.documents.entries import (
     entry_filter,
@@ -83,6 +93,7 @@ from eventbus.store.documents.updates import (
     abandonable,
     fail_fields,
     fail_update,
+    finish_update,
     key_filter,
     owner_filter,
     redrivable,
@@ -92,6 +103,7 @@ from eventbus.store.documents.updates import (
     reject_update,
     renew_update,
     succeed_update,
+    unclaim_update,
 )
 
 __all__ = [
@@ -102,6 +114,7 @@ __all__ = [
     "FAILED",
     "MAX_ERROR_MESSAGE",
     "MINIMAL_FIELDS",
+    "NOT_ENTITY",
     "PENDING",
     "PROCESSING",
     "PUBLISHED",
@@ -120,6 +133,7 @@ __all__ = [
     "claim_pipeline",
     "claimable",
     "conflicts",
+    "entity_free",
     "entry_filter",
     "entry_pending",
     "epoch_ms",
@@ -130,12 +144,15 @@ __all__ = [
     "fail_fields",
     "fail_update",
     "failed_update",
+    "finish_update",
     "guard_finish_update",
     "guard_owner_filter",
     "guard_take_filter",
     "guard_take_update",
     "guard_takeable",
+    "holder_filter",
     "insert_fields",
+    "is_entity",
     "is_new",
     "is_rejected",
     "key_filter",
@@ -155,8 +172,12 @@ __all__ = [
     "refused_fields",
     "refuses_content",
     "reject_update",
+    "release_update",
     "renew_update",
     "seed_metadata",
     "succeed_update",
     "summary",
+    "take_pipeline",
+    "taken_fields",
+    "unclaim_update",
 ]

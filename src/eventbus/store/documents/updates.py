@@ -8,6 +8,7 @@ from typing import Any
 
 from eventbus.store.documents.records import (
     FAILED,
+    PENDING,
     PROCESSING,
     REJECTED,
     SUCCESS,
@@ -32,12 +33,34 @@ def renew_update(now: datetime, lease: timedelta) -> dict[str, Any]:
     return {"$set": {"lease_until": bson_time(bson_time(now) + lease)}}
 
 
-def succeed_update(now: datetime, outbox: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+def succeed_update(now: datetime, outbox: Sequence[Mapping[str, Any]] = (),
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Return the update that marks a claimed record SUCCESS, with its children if any."""
-    done: dict[str, Any] = {"event_status": SUCCESS, "lastUpdatedTime": epoch_ms(now)}
+    done: dict[str, Any] = {**(extra or {}), "event_status": SUCCESS,
+                            "lastUpdatedTime": epoch_ms(now)}
     if outbox:
         done["outbox"] = [dict(child) for child in outbox]
     return {"$set": done, "$unset": {"lease_until": "", "lease_owner": ""}}
+
+
+def unclaim_update(now: datetime) -> dict[str, Any]:
+    """Return the update that gives a claim back: PENDING again, its attempt returned.
+
+    For an ordered event whose entity another worker holds: nothing ran, so
+    nothing is spent; the next claim takes the same attempt number again.
+    """
+    return {"$set": {"event_status": PENDING, "lastUpdatedTime": epoch_ms(now)},
+            "$unset": {"lease_until": "", "lease_owner": ""}, "$inc": {"attempts": -1}}
+
+
+def finish_update(finish: Any, now: datetime) -> dict[str, Any]:
+    """Return the update that stores one ``store.base.Finish`` (SUCCESS, FAILED, or unclaimed)."""
+    if finish.unclaim:
+        return unclaim_update(now)
+    if finish.error is None:
+        return succeed_update(now, finish.outbox, finish.extra)
+    return fail_update(now, finish.error, retryable=finish.retryable,
+                       redrive_at=finish.redrive_at)
 
 
 def fail_fields(now: datetime, error: Mapping[str, Any], *, retryable: bool,

@@ -1,0 +1,162 @@
+"""Entity records of ordered handlers on both stores: hold, release with the finish, orphans.
+
+``take_entities`` holds a free entity for one owner (concurrent takes: one
+wins), a held one stays with its holder until released or until its lease
+runs out (then the old holder's keys are the ``orphan``); ``finish_many``
+releases entities in the same call as the events' outcomes and stores the
+applied position; an unclaimed event is PENDING again with its attempt back.
+Entity records never show in the operator queries of events.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+
+from eventbus.model.order import entity_key
+from eventbus.store.base import EntityRelease, EntityTake, EventStore, Finish
+from eventbus.store.operator_queries import EventQuery
+from tests.contract.conftest import FIELDS, new_key
+
+ENTITY = {"partnerId": "p-1", "entity_type": "Order", "entity_id": "order-1"}
+
+
+def take(keys: tuple[str, ...] = ("k1",), positions: tuple[int, ...] = (1,)) -> EntityTake:
+    return EntityTake(ENTITY, keys, positions)
+
+
+def fresh_entity() -> str:
+    return entity_key("p-1", "Order", new_key())
+
+
+def test_a_free_entity_is_held_and_a_held_one_is_not_taken_again(store: EventStore,
+                                                                now: datetime) -> None:
+    key = fresh_entity()
+    first = store.take_entities({key: take()}, now)
+    assert first.held(key) and first.records[key]["entity"] == ENTITY
+    assert first.records[key].get("position") is None  # nothing applied yet
+    second = store.take_entities({key: take(("k2",), (2,))}, now + timedelta(seconds=1))
+    assert not second.held(key)
+    assert second.records[key]["holder"]["owner"] == first.owner
+
+
+def test_concurrent_takes_of_one_entity_hold_it_once(store: EventStore, now: datetime) -> None:
+    key, results, gate = fresh_entity(), [], threading.Barrier(4)
+
+    def racer(n: int) -> None:
+        gate.wait()
+        results.append(store.take_entities({key: take((f"k{n}",), (n,))}, now).held(key))
+
+    threads = [threading.Thread(target=racer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(results) == [False, False, False, True]
+
+
+def test_the_release_rides_with_the_finish_and_stores_the_position(store: EventStore,
+                                                                    now: datetime) -> None:
+    key, event = fresh_entity(), new_key()
+    claim = store.claim(event, FIELDS, now)
+    holds = store.take_entities({key: take((event,), (7,))}, now)
+    done = store.finish_many([Finish(event, claim.owner, extra={"order": {"position": 7}})],
+                             now, [EntityRelease(key, holds.owner, 7, event)])
+    assert not done.lost
+    record = store.get(key) or {}
+    assert (record["position"], record["applied_key"]) == (7, event)
+    assert "holder" not in record and (store.get(event) or {})["order"] == {"position": 7}
+    again = store.take_entities({key: take(("k9",), (9,))}, now)
+    assert again.held(key) and again.records[key]["position"] == 7
+
+
+def test_a_release_without_an_applied_key_frees_the_entity_and_keeps_its_position(
+        store: EventStore, now: datetime) -> None:
+    key = fresh_entity()
+    first = store.take_entities({key: take()}, now)
+    store.finish_many([], now, [EntityRelease(key, first.owner, 3, "k1")])
+    second = store.take_entities({key: take(("k2",), (2,))}, now)
+    store.finish_many([], now, [EntityRelease(key, second.owner)])  # its event failed
+    record = store.get(key) or {}
+    assert record["position"] == 3 and record["applied_key"] == "k1" and "holder" not in record
+
+
+def test_a_release_by_an_owner_who_lost_the_entity_changes_nothing(store: EventStore,
+                                                                    now: datetime) -> None:
+    key = fresh_entity()
+    first = store.take_entities({key: take()}, now)
+    later = now + store.lease + timedelta(seconds=1)
+    second = store.take_entities({key: take(("k2",), (2,))}, later)
+    assert second.held(key)
+    store.finish_many([], later, [EntityRelease(key, first.owner, 1, "k1")])
+    record = store.get(key) or {}
+    assert record["holder"]["owner"] == second.owner and record.get("position") is None
+
+
+def test_an_expired_holder_becomes_the_orphan_of_the_next_take(store: EventStore,
+                                                                now: datetime) -> None:
+    key = fresh_entity()
+    store.take_entities({key: take(("a", "b"), (4, 5))}, now)  # then it crashed
+    later = now + store.lease + timedelta(seconds=1)
+    holds = store.take_entities({key: take(("c",), (6,))}, later)
+    assert holds.held(key)
+    assert holds.records[key]["orphan"] == {"keys": ["a", "b"], "positions": [4, 5]}
+    store.finish_many([], later, [EntityRelease(key, holds.owner, 6, "c")])
+    assert "orphan" not in (store.get(key) or {})
+
+
+def test_many_entities_are_held_at_once(store: EventStore, now: datetime) -> None:
+    keys = [fresh_entity() for _ in range(5)]
+    busy = keys[0]
+    store.take_entities({busy: take()}, now)
+    holds = store.take_entities({key: take() for key in keys}, now)
+    assert [holds.held(key) for key in keys] == [False, True, True, True, True]
+    store.finish_many([], now, [EntityRelease(key, holds.owner, 1, "k1") for key in keys[1:]])
+    assert all((store.get(key) or {}).get("position") == 1 for key in keys[1:])
+
+
+def test_an_unclaimed_event_is_pending_again_with_its_attempt_back(store: EventStore,
+                                                                    now: datetime) -> None:
+    event = new_key()
+    first = store.claim(event, FIELDS, now)
+    done = store.finish_many([Finish(event, first.owner, unclaim=True)], now)
+    assert not done.lost
+    record = store.get(event) or {}
+    assert (record["event_status"], record["attempts"]) == ("PENDING", 0)
+    assert store.claim(event, FIELDS, now).attempt == 1
+
+
+def test_entity_records_never_show_as_events(store: EventStore, now: datetime) -> None:
+    key = fresh_entity()
+    store.take_entities({key: take()}, now)
+    assert key not in {r["idempotency_key"] for r in store.summaries()}
+    found = store.find_events(EventQuery(), limit=100)  # type: ignore[attr-defined]
+    assert key not in {r["idempotency_key"] for r in found}
+    counts = store.count_events(EventQuery(), ["event_status"])  # type: ignore[attr-defined]
+    assert sum(count.count for count in counts) == 0
+
+
+def test_renewing_a_hold_keeps_the_entity_past_its_first_lease(store: EventStore,
+                                                               now: datetime) -> None:
+    key, lost = fresh_entity(), fresh_entity()
+    holds = store.take_entities({key: take(), lost: take()}, now)
+    later = now + store.lease * 0.75
+    thief = store.take_entities({lost: take(("t",), (2,))}, now + store.lease * 1.5)
+    assert thief.held(lost)  # ``lost`` ran out unrenewed and was taken
+    assert store.renew_entities({key: holds.owner, lost: holds.owner}, later) == {key}
+    still = store.take_entities({key: take(("k2",), (2,))}, now + store.lease * 1.5)
+    assert not still.held(key)  # renewed at 0.75 lease: held until 1.75 lease
+
+
+def test_the_heartbeat_renews_the_entities_a_batch_holds(store: EventStore,
+                                                          now: datetime) -> None:
+    from eventbus.processor.heartbeat import Heartbeat
+
+    key = fresh_entity()
+    holds = store.take_entities({key: take()}, now)
+    clock = [now + store.lease * 0.75]
+    beat = Heartbeat(store, now=lambda: clock[0], background=False)
+    with beat.hold({}, {key: holds.owner}):
+        beat.beat()
+    assert not store.take_entities({key: take(("k2",), (2,))},
+                                   now + store.lease * 1.5).held(key)
