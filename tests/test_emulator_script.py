@@ -35,7 +35,13 @@ from tests.e2e.harness import (
     unavailable,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.same_worker(
+        reason="its tests share the one emulator the module starts with the script "
+        "and re-run `start` on it in turn"
+    ),
+]
 
 GOLDEN = PROJECT_ROOT / "tests" / "payloads" / "emulator_wrapped_push.json"
 DEFAULT_NAMES = {
