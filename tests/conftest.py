@@ -58,6 +58,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                1 if e2e in item.path.parents else 2)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist sends the report to the controller
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Escape lone surrogates in a report's captured output, as ``\\udXXX``.
+
+    Tests feed hostile strings through logging (telemetry's hostile
+    attributes); an xdist worker must send the captured text to the
+    controller as UTF-8, which a lone surrogate is not.
+    """
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Stop what the run started once (the emulator) when every worker is done."""
     shared = config.stash.get(_SHARED, None)
