@@ -51,9 +51,15 @@ setsid nice -n 10 bash -c '
 ' >"$side_log" 2>&1 &
 side=$!
 
-phase "pytest (MongoDB at $MONGODB_URI)"
+phase "pytest on the xdist workers (MongoDB at $MONGODB_URI)"
 main_status=0
-$PY -m pytest "$@" || main_status=$?
+$PY -m pytest -m "not alone" "$@" || main_status=$?
+# Tests marked alone(reason=...) cannot share the machine (see each one's reason).
+phase "pytest: the tests that run alone"
+alone_status=0
+$PY -m pytest -m alone -n 0 "$@" || alone_status=$?
+[ "$alone_status" -eq 5 ] && alone_status=0  # none selected (e.g. -k chose others)
+[ "$main_status" -eq 0 ] && main_status=$alone_status
 phase "main suite done (exit $main_status); waiting for the deploy and localdb suites"
 side_status=0
 wait "$side" || side_status=$?

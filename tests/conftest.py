@@ -45,14 +45,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     - ``same_worker(reason=...)`` keeps a module's tests on one worker, in file
       order: for a module whose tests share something costly that the module
       makes once (its own emulator, a built wheel). The reason is required.
+    - ``alone(reason=...)``: a test that cannot share the machine. ``infra/test.sh``
+      runs the other tests on the workers first (``-m "not alone"``), then these
+      in one process (``-m alone -n 0``). The reason is required.
     """
     for item in items:
-        marker = item.get_closest_marker("same_worker")
-        if marker is None:
-            continue
-        if not marker.kwargs.get("reason"):
-            raise pytest.UsageError(f"{item.nodeid}: same_worker needs reason=...")
-        item.add_marker(pytest.mark.xdist_group(item.path.name))
+        for name in ("same_worker", "alone"):
+            marker = item.get_closest_marker(name)
+            if marker is not None and not marker.kwargs.get("reason"):
+                raise pytest.UsageError(f"{item.nodeid}: {name} needs reason=...")
+        if item.get_closest_marker("same_worker"):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
     e2e = Path(__file__).parent / "e2e"
     items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else
                1 if e2e in item.path.parents else 2)
