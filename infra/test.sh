@@ -1,31 +1,69 @@
 #!/usr/bin/env bash
 # The test command: install, lint, type-check, start the local database, run every test.
-# Extra arguments go to pytest (e.g. infra/test.sh -k envelope).
+# Extra arguments go to the main pytest run (e.g. infra/test.sh -k envelope).
+#
+# The main suite runs on pytest-xdist workers (pyproject.toml); beside it run the
+# Pulumi program's tests and the localdb tool's checks, which need none of its
+# servers (Pulumi's mocks; a gateway of their own on a free port), so they use the
+# CPU the main suite leaves idle while its longest tests wait. Each phase prints
+# its time; the budgets are in README.md (Tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash infra/venv.sh
+began=$SECONDS
+phase() { echo "== $1 ($((SECONDS - began)) s)"; }
+
+phase "venv"; bash infra/venv.sh
 PY=.venv/bin/python
 
-echo "== ruff"; .venv/bin/ruff check .
-echo "== mypy"; .venv/bin/mypy src handlers infra main.py
+phase "ruff"; .venv/bin/ruff check .
+phase "mypy"; .venv/bin/mypy src handlers infra main.py
 
-started_db=""
+started_db="" side=""
+mkdir -p var
+side_log=var/test-side.log
 cleanup() {
+  if [ -n "$side" ]; then kill -- "-$side" 2>/dev/null || true; wait "$side" 2>/dev/null || true; fi
   if [ -n "$started_db" ]; then $PY -m localdb stop || true; fi
 }
 trap cleanup EXIT
 if [ -z "${MONGODB_URI:-}" ]; then
   if ! $PY -m localdb status >/dev/null 2>&1; then started_db=1; fi
-  echo "== localdb"; $PY -m localdb start
+  phase "localdb"; $PY -m localdb start
   MONGODB_URI=$($PY -m localdb uri)
   export MONGODB_URI
 fi
 # The console's browser tests drive Debian's Chromium (never a downloaded build).
-command -v chromium >/dev/null 2>&1 || { echo "== chromium"; apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || echo "test: could not install chromium; the browser tests need it" >&2
-echo "== pytest (MongoDB at $MONGODB_URI)"
-$PY -m pytest "$@"
-echo "== deploy: the Pulumi stack's offline tests"
-bash infra/deploy/test.sh
-echo "== localdb: ruff, mypy, its own tests"
-(cd infra/localdb && ../../.venv/bin/ruff check . && ../../.venv/bin/mypy src)
-$PY -m pytest infra/localdb/tests
+command -v chromium >/dev/null 2>&1 || { phase "chromium"; apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || echo "test: could not install chromium; the browser tests need it" >&2
+
+# In a process group of its own (setsid), so that an interrupted run stops all of it, and
+# at a lower CPU priority (nice): they take what the main suite leaves idle, and never
+# slow its longest test, which sets the run's time.
+phase "deploy and localdb suites started beside the main suite (output: $side_log)"
+setsid nice -n 10 bash -c '
+  set -euo pipefail
+  start=$SECONDS
+  echo "== deploy: the Pulumi stack'"'"'s offline tests (0 s)"
+  bash infra/deploy/test.sh
+  echo "== localdb: ruff, mypy, its own tests ($((SECONDS - start)) s)"
+  (cd infra/localdb && ../../.venv/bin/ruff check . && ../../.venv/bin/mypy src)
+  .venv/bin/python -m pytest infra/localdb/tests
+  echo "== deploy and localdb suites passed in $((SECONDS - start)) s"
+' >"$side_log" 2>&1 &
+side=$!
+
+phase "pytest on the xdist workers (MongoDB at $MONGODB_URI)"
+main_status=0
+$PY -m pytest -m "not alone" "$@" || main_status=$?
+# Tests marked alone(reason=...) cannot share the machine (see each one's reason).
+phase "pytest: the tests that run alone"
+alone_status=0
+$PY -m pytest -m alone -n 0 "$@" || alone_status=$?
+[ "$alone_status" -eq 5 ] && alone_status=0  # none selected (e.g. -k chose others)
+[ "$main_status" -eq 0 ] && main_status=$alone_status
+phase "main suite done (exit $main_status); waiting for the deploy and localdb suites"
+side_status=0
+wait "$side" || side_status=$?
+side=""
+cat "$side_log"
+phase "all done (main suite exit $main_status, deploy and localdb suites exit $side_status)"
+[ "$main_status" -eq 0 ] && [ "$side_status" -eq 0 ]

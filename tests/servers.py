@@ -18,3 +18,9 @@ def unavailable(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{reason} (CI=true: failing instead of skipping)", pytrace=False)
     pytest.skip(reason)
+
+
+# The run's shared directory: made by the controlling pytest process (tests/conftest.py)
+# and inherited by every pytest-xdist worker; servers started once for the whole run
+# (the Pub/Sub emulator) leave their address there.
+SHARED_DIR = "EVENTBUS_TEST_SHARED"

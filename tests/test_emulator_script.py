@@ -35,7 +35,13 @@ from tests.e2e.harness import (
     unavailable,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.same_worker(
+        reason="its tests share the one emulator the module starts with the script "
+        "and re-run `start` on it in turn"
+    ),
+]
 
 GOLDEN = PROJECT_ROOT / "tests" / "payloads" / "emulator_wrapped_push.json"
 DEFAULT_NAMES = {
@@ -418,7 +424,7 @@ def test_missing_emulator_fails_under_ci_and_skips_elsewhere(ci: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "E2E_REUSE_EMULATOR"}
     env.update(CI=ci, GCLOUD="/nonexistent/gcloud")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *tests],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs", *tests],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     summary = result.stdout.strip().splitlines()[-1]

@@ -1,7 +1,9 @@
 """End-to-end fixtures: the Pub/Sub emulator, gunicorn services and push routes.
 
 - ``emulator`` (session): ``host:port`` of a running emulator. Started through
-  pubsub-emulator.sh on a free port with an isolated home, stopped at the end.
+  pubsub-emulator.sh on a free port with an isolated home by the first xdist
+  worker that needs it, shared by all of them (each in its own project,
+  ``E2E_PROJECT``), stopped at the end of the run.
   With ``E2E_REUSE_EMULATOR=1`` and ``PUBSUB_EMULATOR_HOST`` set, the emulator
   already at that address is used as is (and left running).
 - ``service``: a factory, ``service(env=..., workers=2, app="main:app",
@@ -36,12 +38,13 @@ from tests.e2e.harness import (
     PushRoute,
     ServiceError,
     ServiceProcess,
+    SharedEmulator,
     emulator_prerequisites,
     gunicorn_command,
     log_tail,
-    start_emulator,
     unavailable,
 )
+from tests.servers import SHARED_DIR
 
 _HERE = Path(__file__).parent
 # Services a test started, for its failure report.
@@ -73,10 +76,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(scope="session")
-def emulator(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """``host:port`` of a Pub/Sub emulator for the whole session."""
+def emulator(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``host:port`` of the Pub/Sub emulator shared by the whole run (every xdist worker).
+
+    Started once, by the first worker that needs it (``SharedEmulator``), and
+    stopped by the controlling process when every worker is done
+    (``tests/conftest.py``). Each worker works in its own project on it
+    (``E2E_PROJECT``), with its own topic names.
+    """
     reuse = os.environ.get("PUBSUB_EMULATOR_HOST")
     if os.environ.get("E2E_REUSE_EMULATOR") == "1" and reuse:
         if ping(reuse) != UP:
@@ -90,14 +97,13 @@ def emulator(
     if missing:
         unavailable(missing)
     try:
-        script = start_emulator(tmp_path_factory.mktemp("pubsub-emulator"))
+        script = SharedEmulator(Path(os.environ[SHARED_DIR])).address()
     except EmulatorError as exc:
         pytest.fail(f"the Pub/Sub emulator did not start:\n{exc}", pytrace=False)
     request.session.stash[_EMULATOR] = script
     public_topics_exist(script.host_port)
     yield script.host_port
     del request.session.stash[_EMULATOR]
-    script.stop()
 
 
 def public_topics_exist(host: str) -> None:

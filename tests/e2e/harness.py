@@ -8,6 +8,8 @@ Plain classes and functions, no pytest fixtures (those are in
 - ``PushRoute``: a throwaway topic with a push subscription to an endpoint.
 - ``Receiver``: a local HTTP endpoint that records pushes and answers scripted statuses.
 - ``wait_until``: poll until something is true, or fail with what was last seen.
+- ``pull_now``: what a pull subscription holds now (no long poll).
+- ``SharedEmulator``: one emulator for the whole run, whichever xdist worker asks first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,7 +46,11 @@ T = TypeVar("T")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EMULATOR_SCRIPT = PROJECT_ROOT / "pubsub-emulator.sh"
-E2E_PROJECT = "local-project"
+# One emulator serves every pytest-xdist worker; each worker has its own project on it,
+# so a topic every service shares (the public ``order-status``) is never another
+# worker's. Without xdist the project is the local default, ``local-project``.
+E2E_PROJECT = (f"local-project-{os.environ['PYTEST_XDIST_WORKER']}"
+               if os.environ.get("PYTEST_XDIST_WORKER") else "local-project")
 
 # Settings a developer's shell may carry that would change what the script
 # creates; the harness decides them itself.
@@ -86,6 +93,25 @@ def wait_until(
     what = message or getattr(predicate, "__name__", repr(predicate))
     seen = f"last error: {error!r}" if error is not None else f"last value: {value!r}"
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; {seen}") from error
+
+
+def pull_now(admin: Admin, subscription: str, max_messages: int = 10) -> list[Any]:
+    """Pull (and ack) what is waiting on ``subscription`` now, without a long poll.
+
+    ``Admin.pull`` is a long poll: on an empty subscription the emulator holds
+    it for about 14 s. Tests that poll (``wait_until``) or check that nothing
+    is left use this instead; ``ReceivedMessage`` objects, like ``Admin.pull``.
+    """
+    path = admin.subscription_path(subscription)
+    with warnings.catch_warnings():  # return_immediately is deprecated for production pulls
+        warnings.simplefilter("ignore", DeprecationWarning)
+        response = admin.subscriber.pull(subscription=path, max_messages=max_messages,
+                                         return_immediately=True, timeout=15.0)
+    received = list(response.received_messages)
+    if received:
+        admin.subscriber.acknowledge(subscription=path, ack_ids=[m.ack_id for m in received],
+                                     timeout=15.0)
+    return received
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -235,6 +261,51 @@ def start_emulator(home: Path, tries: int = 2) -> EmulatorScript:
     raise EmulatorError("\n\n".join(errors))
 
 
+class SharedEmulator:
+    """One emulator for a whole test run, whichever process (xdist worker) needs it first.
+
+    ``directory`` is the run's shared directory (``EVENTBUS_TEST_SHARED``, made by
+    the controlling pytest process in ``tests/conftest.py``). The first caller of
+    ``address()`` starts the emulator under a file lock and writes its address
+    there; later callers (other workers) read it. ``stop()`` is for the process
+    that made the directory, once every worker is done.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.address_file = directory / "emulator-address"
+        self.home = directory / "emulator-home"
+
+    def script(self) -> EmulatorScript | None:
+        """The emulator started for this run, if any."""
+        try:
+            host_port = self.address_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return EmulatorScript(host_port, self.home)
+
+    def address(self) -> EmulatorScript:
+        """The run's emulator, started now if no process has started it yet."""
+        import fcntl
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / "emulator.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            script = self.script()
+            if script is None:
+                self.home.mkdir(exist_ok=True)
+                script = start_emulator(self.home)
+                self.address_file.write_text(script.host_port)
+            return script
+
+    def stop(self) -> None:
+        """Stop the run's emulator if one was started; EmulatorError if it will not stop."""
+        script = self.script()
+        if script is not None:
+            self.address_file.unlink()
+            script.stop()
+
+
 # --- push routes ------------------------------------------------------------
 
 
@@ -312,7 +383,7 @@ class PushRoute:
         """Pull (and ack) what reached the dead-letter topic; ``ReceivedMessage`` objects."""
         if self.dead_letter_subscription is None:
             raise ValueError("this route has no dead-letter policy (max_delivery_attempts=0)")
-        return self.admin.pull(self.dead_letter_subscription, max_messages)
+        return pull_now(self.admin, self.dead_letter_subscription, max_messages)
 
     def delete(self) -> None:
         """Delete the subscriptions first (so pushes stop), then the topics."""

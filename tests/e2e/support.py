@@ -29,7 +29,7 @@ from pymongo.database import Database
 from eventbus.model.event import parse_event
 from eventbus.model.keys import record_key
 from tests.e2e import fault_handlers
-from tests.e2e.harness import ServiceProcess, unavailable, wait_until
+from tests.e2e.harness import E2E_PROJECT, ServiceProcess, unavailable, wait_until
 
 # Extra handler modules: the app always has its own handlers; these add the fault handlers.
 HANDLER_MODULES = "tests.e2e.fault_handlers"
@@ -47,7 +47,7 @@ def service_env(mongo_uri: str, db_name: str, emulator: str, **extra: str) -> di
         "EVENTBUS_HANDLER_MODULES": HANDLER_MODULES,
         "EVENTBUS_RELAY_INLINE": "false",
         "PUBSUB_EMULATOR_HOST": emulator,
-        "GOOGLE_CLOUD_PROJECT": "local-project",
+        "GOOGLE_CLOUD_PROJECT": E2E_PROJECT,
         "PUBSUB_TOPIC": f"e2e-unrouted-{uuid.uuid4().hex[:8]}",
         **extra,
     }

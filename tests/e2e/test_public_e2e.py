@@ -34,7 +34,14 @@ from eventbus.pubsub.message import build_event
 from eventbus.pubsub.publisher import Publisher
 from infra.pubsub.config import PushPolicy
 from infra.pubsub.resources import Admin
-from tests.e2e.harness import E2E_PROJECT, PROJECT_ROOT, PushRoute, ServiceProcess, wait_until
+from tests.e2e.harness import (
+    E2E_PROJECT,
+    PROJECT_ROOT,
+    PushRoute,
+    ServiceProcess,
+    pull_now,
+    wait_until,
+)
 
 POLICY = PushPolicy(ack_deadline=60, min_backoff=1.0, max_backoff=2.0, max_delivery_attempts=0)
 ENTITY = {"partnerId": "partner-pub", "partnerName": "Pub", "entity_id": "order-1",
@@ -72,7 +79,7 @@ class Public:
         """Everything on our public subscription so far (pulled until ``settle`` s of quiet)."""
         quiet_since = time.monotonic()
         while time.monotonic() - quiet_since < settle:
-            got = self.admin.pull(self.subscription, 100)
+            got = pull_now(self.admin, self.subscription, 100)
             if got:
                 self.seen += got
                 quiet_since = time.monotonic()

@@ -17,7 +17,7 @@ import pytest
 
 from eventbus.pubsub.publisher import Publisher
 from infra.pubsub.resources import Admin
-from tests.e2e.harness import E2E_PROJECT, PROJECT_ROOT, wait_until
+from tests.e2e.harness import E2E_PROJECT, PROJECT_ROOT, pull_now, wait_until
 
 ENTITY = {"partnerId": "p1", "entity_id": "order-1", "entity_type": "Order"}
 
@@ -35,7 +35,7 @@ class Topic:
         messages: list[Any] = []
 
         def enough() -> bool:
-            messages.extend(self.admin.pull(self.subscription))
+            messages.extend(pull_now(self.admin, self.subscription))
             return len(messages) >= count
 
         wait_until(enough, timeout=20, message=f"{count} message(s) on {self.subscription}")

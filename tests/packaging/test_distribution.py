@@ -17,7 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "receipts"
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.same_worker(
+        reason="its tests share one built wheel (a module fixture); "
+        "a second worker would build it again"
+    ),
+]
 
 
 def run(*command: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,6 @@
 """Fixtures for the gateway tests: a gateway subprocess on a free port, in front of
-PostgreSQL + DocumentDB at LOCALDB_PG_DSN (default: the local server on 5433).
+PostgreSQL + DocumentDB at LOCALDB_PG_DSN (default: the local server on
+LOCALDB_PG_PORT, 5433).
 
 When that PostgreSQL does not answer, tests that need it are skipped, or fail
 under CI=true (a missing server must never pass silently in CI). Start it with

@@ -25,7 +25,9 @@ import localdb
 TOOL_ROOT = Path(__file__).resolve().parents[1]  # infra/localdb
 # Where the `localdb` under test was imported from (src/, or site-packages when installed).
 PACKAGE_PARENT = Path(localdb.__file__).resolve().parents[1]
-DEFAULT_DSN = "host=127.0.0.1 port=5433 user=postgres dbname=postgres"
+# The PostgreSQL that `python -m localdb start` runs: LOCALDB_PG_PORT, as the manager reads it.
+DEFAULT_DSN = (f"host=127.0.0.1 port={os.environ.get('LOCALDB_PG_PORT') or 5433} "
+               "user=postgres dbname=postgres")
 START_TIMEOUT_S = 20.0
 _LISTENING = re.compile(r"listening on (\S+):(\d+),")
 
