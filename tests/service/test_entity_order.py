@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eventbus.model.context import Context
@@ -70,7 +70,8 @@ def bus(concurrency: int = 1) -> Bus:
 
     store = MemoryEventStore(lease=dt.timedelta(seconds=20))
     clock = FakeClock(NOW)
-    processor = Processor(store, routes, Settings(max_attempts=5, order_wait_seconds=0.2),
+    # max_attempts above the hypothesis test's deliveries of one failing event (at most 8).
+    processor = Processor(store, routes, Settings(max_attempts=10, order_wait_seconds=0.2),
                           clock, concurrency=concurrency, sleep=slept.append)
     return Bus(store, processor, clock, seen, slept, failing)
 
@@ -229,6 +230,7 @@ def test_a_failure_in_an_ordering_key_nacks_the_rest_of_that_key_in_the_batch() 
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(order=[0, 1, 2, 3, 4, 5], repeats=[5, 5, 5, 5], failing={0, 5})
 @given(order=st.permutations(list(range(6))), repeats=st.lists(st.integers(0, 5), max_size=6),
        failing=st.sets(st.integers(0, 5), max_size=2))
 def test_whatever_the_order_the_newest_wins_and_nothing_runs_backwards(
@@ -250,3 +252,18 @@ def _release(owner: str) -> Any:
     from eventbus.store.base import EntityRelease
 
     return EntityRelease(ENTITY_KEY, owner)
+
+
+def test_the_demos_progress_counts_a_stale_event_as_finished() -> None:
+    # ``make run``'s demo waits until every event is finished; a stale one is.
+    import io
+
+    from eventbus.ops import progress
+
+    b = bus()
+    b.deliver(2, "new")
+    stale = b.deliver(1, "old")
+    assert stale.outcome.value == "stale"
+    statuses = progress.cascade_statuses(b.store, {stale.key})
+    assert statuses == {stale.key: "SUCCESS(stale)"}
+    assert progress.watch(b.store, [stale.key], timeout=0, out=io.StringIO()) is True

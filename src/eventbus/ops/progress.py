@@ -21,7 +21,9 @@ from eventbus.model.status import Status
 from eventbus.ops.render import safe
 from eventbus.store.base import EventStore
 
-TERMINAL = (Status.SUCCESS, Status.FAILED)
+STALE = "SUCCESS(stale)"
+"""An ordered handler's event older than its entity's applied position: stored, never run."""
+TERMINAL = (Status.SUCCESS, Status.FAILED, STALE)
 NOT_YET_STORED = "NOT YET STORED"
 
 
@@ -59,7 +61,7 @@ def _status(doc: Mapping[str, Any]) -> str:
     if doc.get("event_status") == Status.FAILED and doc.get("retryable"):
         return "FAILED(retrying)"
     if doc.get("event_status") == Status.SUCCESS and doc.get("stale"):
-        return "SUCCESS(stale)"  # ordered_by: older than what its entity applied, never run
+        return STALE
     return str(doc.get("event_status"))
 
 
