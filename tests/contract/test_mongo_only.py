@@ -27,7 +27,8 @@ from tests.contract.conftest import ERROR, FIELDS, LEASE, mongo_settings, new_ke
 
 @pytest.fixture()
 def store(mongo_uri: str, mongo_db: Database) -> Iterator[MongoEventStore]:
-    built = MongoEventStore.from_settings(mongo_settings(mongo_uri, mongo_db.name))
+    built = MongoEventStore.from_settings(mongo_settings(mongo_uri, mongo_db.name),
+                                          count_round_trips=True)
     built.ensure_indexes()
     yield built
     built.close()
@@ -214,7 +215,8 @@ class TestRoundTrips:
 
     def test_each_store_counts_only_its_own_client(self, store: MongoEventStore,
                                                    mongo_uri: str, mongo_db: Database) -> None:
-        other = MongoEventStore.from_settings(mongo_settings(mongo_uri, mongo_db.name))
+        other = MongoEventStore.from_settings(mongo_settings(mongo_uri, mongo_db.name),
+                                              count_round_trips=True)
         try:
             with store.round_trips.measure() as mine, other.round_trips.measure() as theirs:
                 other.get("k")
@@ -275,7 +277,8 @@ class TestFromSettings:
     def test_client_is_tz_aware_times_out_and_counts_round_trips(self) -> None:
         config = Settings(mongodb_uri="mongodb://127.0.0.1:1/", mongodb_db="db", collection="c",
                           service="svc-x", store_timeout_ms=1234)
-        built = MongoEventStore.from_settings(config)  # connects lazily: no server needed
+        # connects lazily: no server needed
+        built = MongoEventStore.from_settings(config, count_round_trips=True)
         client = built.database.client
         try:
             options = client.options
@@ -292,14 +295,25 @@ class TestFromSettings:
         finally:
             built.close()
 
-    def test_every_store_has_its_own_counter(self) -> None:
+    def test_every_counting_store_has_its_own_counter(self) -> None:
         config = Settings(mongodb_uri="mongodb://127.0.0.1:1/")
-        first, second = MongoEventStore.from_settings(config), MongoEventStore.from_settings(config)
+        first = MongoEventStore.from_settings(config, count_round_trips=True)
+        second = MongoEventStore.from_settings(config, count_round_trips=True)
         try:
             assert first.round_trips is not second.round_trips
         finally:
             first.close()
             second.close()
+
+    def test_a_store_counts_nothing_unless_asked(self) -> None:
+        # A command listener makes pymongo publish two events per command: off in production.
+        built = MongoEventStore.from_settings(Settings(mongodb_uri="mongodb://127.0.0.1:1/"))
+        try:
+            with pytest.raises(RuntimeError, match="count_round_trips=True"):
+                built.round_trips.measure()
+            assert built.database.client.options.event_listeners == []
+        finally:
+            built.close()
 
     def test_a_given_client_is_used_as_it_is(self, mongo_client: MongoClient) -> None:
         built = MongoEventStore.from_settings(Settings(mongodb_db="db_x"), mongo_client)

@@ -26,7 +26,7 @@ from tests.service.conftest import START, event
 def store(mongo_uri: str, mongo_db: Database) -> Iterator[MongoEventStore]:
     settings = Settings(mongodb_uri=mongo_uri, mongodb_db=mongo_db.name, lease_seconds=30,
                         max_attempts=5, store_timeout_ms=3000, relay_inline=False)
-    events = MongoEventStore.from_settings(settings)
+    events = MongoEventStore.from_settings(settings, count_round_trips=True)
     yield events
     events.close()
 

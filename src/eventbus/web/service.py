@@ -52,24 +52,29 @@ class PushService:
         It runs in a telemetry scope: every line logged meanwhile carries the
         request id and the trace (the push's, then the message's once known).
         """
-        request_id = _request_id(request)
-        trace = ((self._extract and self._extract(request.headers))
-                 or tracecontext.from_headers(request.headers) or tracecontext.new_trace())
+        # The headers are read once, from the WSGI environ: werkzeug's
+        # ``request.headers`` looks each name up anew, a visible share of a push.
+        environ = request.environ
+        headers = _headers(environ)
+        request_id = _request_id(headers)
+        trace = ((self._extract and self._extract(headers))
+                 or tracecontext.from_headers(headers) or tracecontext.new_trace())
         with tracecontext.scope(trace, request_id):
-            return self._handle(request, request_id)
+            return self._handle(request, environ, headers, request_id)
 
-    def _handle(self, request: flask.Request, request_id: str) -> flask.Response:
+    def _handle(self, request: flask.Request, environ: dict[str, Any], headers: dict[str, str],
+                request_id: str) -> flask.Response:
         started = time.perf_counter()
         result: Result | None = None
         try:
-            result = self._process(request, request_id)
+            result = self._process(request, headers, request_id)
             body, status = status_table.outcome_response(result, request_id)
         except RequestError as exc:
             body, status = status_table.error_response(exc, request_id)
         except Exception:  # our own bug: log it, nack it, never show a traceback
             logger.exception("unexpected error", extra={"requestId": request_id})
             body, status = status_table.internal_error_response(request_id)
-        _log(request.environ, request_id, status, started, result)
+        _log(environ, request_id, status, started, result)
         # One small JSON object per push: encoded here rather than through
         # Flask's JSON provider, which costs more than the body is worth.
         return flask.Response(json.dumps(body, separators=(",", ":"), default=str), status,
@@ -85,11 +90,12 @@ class PushService:
                 logger.warning("indexes not ensured yet: %s", exc)
         return self._indexed
 
-    def _process(self, request: flask.Request, request_id: str) -> Result:
+    def _process(self, request: flask.Request, headers: dict[str, str],
+                 request_id: str) -> Result:
         if self.authenticator is not None:
-            self.authenticator.verify(request.headers.get("Authorization", ""))
-        body = _read_body(request, self.settings.max_body_bytes)
-        delivery = parse_delivery(body, _headers(request.environ))
+            self.authenticator.verify(headers.get("authorization", ""))
+        body = _read_body(request, headers, self.settings.max_body_bytes)
+        delivery = parse_delivery(body, headers)
         self.ensure_indexes()
         return self.processor.process(delivery, request_id)
 
@@ -98,23 +104,25 @@ def _headers(environ: dict[str, Any]) -> dict[str, str]:
     # The request's headers, lowercased, in one pass over the WSGI environ.
     found = {name[5:].replace("_", "-").lower(): value for name, value in environ.items()
              if name.startswith("HTTP_")}
-    if environ.get("CONTENT_TYPE"):
-        found["content-type"] = environ["CONTENT_TYPE"]
+    for name, key in (("CONTENT_TYPE", "content-type"), ("CONTENT_LENGTH", "content-length")):
+        if environ.get(name):
+            found[key] = environ[name]
     return found
 
 
-def _read_body(request: flask.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit}")
+def _read_body(request: flask.Request, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"body of {declared} bytes exceeds {limit}")
     body = request.stream.read(limit + 1)
     if len(body) > limit:
         raise PayloadTooLarge(f"body exceeds {limit} bytes")
     return body
 
 
-def _request_id(request: flask.Request) -> str:
-    given = request.headers.get("X-Request-Id", "")
-    trace = request.headers.get("X-Cloud-Trace-Context", "").split("/")[0]
+def _request_id(headers: dict[str, str]) -> str:
+    given = headers.get("x-request-id", "")
+    trace = headers.get("x-cloud-trace-context", "").split("/")[0]
     candidate = given or trace
     usable = candidate.isascii() and candidate.isprintable()  # it goes back in a header
     return candidate[:128] if usable and candidate else uuid.uuid4().hex
