@@ -24,6 +24,7 @@ from eventbus.correlation import tracecontext
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 _SEVERITY = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+_REQUESTS = logging.getLogger("eventbus.request")
 TRACE = "logging.googleapis.com/trace"
 SPAN_ID = "logging.googleapis.com/spanId"
 TRACE_SAMPLED = "logging.googleapis.com/trace_sampled"
@@ -92,9 +93,14 @@ def severity_for(status: int, outcome: str = "") -> int:
 def request_line(fields: Mapping[str, Any]) -> None:
     """Emit the one ``REQUEST_INBOUND`` line of a request (seed 004's fields)."""
     level = severity_for(int(fields.get("status", 0)), str(fields.get("outcome", "")))
-    logging.getLogger("eventbus.request").log(
-        level, "%s %s %s", fields.get("method"), fields.get("path"), fields.get("status"),
-        extra={"logType": "REQUEST_INBOUND", **fields})
+    if not _REQUESTS.isEnabledFor(level):
+        return
+    # makeRecord + handle, not log(): the line's caller is always this
+    # function, so the frame walk that log() does to find it is skipped.
+    _REQUESTS.handle(_REQUESTS.makeRecord(
+        _REQUESTS.name, level, __file__, 0, "%s %s %s",
+        (fields.get("method"), fields.get("path"), fields.get("status")), None,
+        func="request_line", extra={"logType": "REQUEST_INBOUND", **fields}))
 
 
 def _iso(moment: dt.datetime) -> str:
