@@ -200,15 +200,23 @@ _SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("eventbus_
                                                                       default=None)
 
 
-@contextlib.contextmanager
-def scope(trace: TraceContext | None = None, request_id: str = "") -> Iterator[Scope]:
-    """Run the block in a new scope (one request), restoring the outer one after."""
-    opened = Scope(trace, request_id)
-    token = _SCOPE.set(opened)
-    try:
-        yield opened
-    finally:
-        _SCOPE.reset(token)
+class scope:  # noqa: N801 - used as a function: ``with scope(trace, request_id):``
+    """Run the block in a new scope (one request), restoring the outer one after.
+
+    A class rather than a ``@contextmanager`` generator: every push opens one.
+    """
+
+    __slots__ = ("_token", "opened")
+
+    def __init__(self, trace: TraceContext | None = None, request_id: str = "") -> None:
+        self.opened = Scope(trace, request_id)
+
+    def __enter__(self) -> Scope:
+        self._token = _SCOPE.set(self.opened)
+        return self.opened
+
+    def __exit__(self, *exc: object) -> None:
+        _SCOPE.reset(self._token)
 
 
 ScopeToken = contextvars.Token[Scope | None]
