@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -14,7 +15,7 @@ import pytest
 import requests
 
 from eventbus import Context, Router, create_app
-from eventbus.correlation import tracecontext
+from eventbus.correlation import logs, tracecontext
 from eventbus.correlation.session import logging_session
 from eventbus.model.errors import PublishError
 from eventbus.model.outcome import Outcome
@@ -216,3 +217,47 @@ def test_a_given_traceparent_is_kept() -> None:
     with tracecontext.scope(tracecontext.new_trace()):
         publisher.publish_message(b"{}", {"traceparent": given})
     assert client.sent[0]["traceparent"] == given
+
+
+FIELDS = {"method": "POST", "path": "/", "status": 200, "requestId": "r-1", "duration": 1.5,
+          "httpRequest": {"requestMethod": "POST", "status": 200}, "outcome": "processed"}
+
+
+def test_the_direct_request_line_is_the_line_the_logging_path_writes() -> None:
+    # configure()'s handler alone: the direct path; a filter anywhere: the stdlib's path.
+    requests = logging.getLogger("eventbus.request")
+    passing = logging.Filter("eventbus.request")
+    with captured_lines() as lines, tracecontext.scope(tracecontext.new_trace(), "r-0"):
+        logs.request_line(FIELDS)
+        requests.addFilter(passing)
+        try:
+            logs.request_line(FIELDS)
+        finally:
+            requests.removeFilter(passing)
+    direct, ordinary = ({k: v for k, v in line.items() if k != "timestamp"} for line in lines)
+    assert direct == ordinary
+    assert direct["message"] == "POST / 200" and direct["logType"] == "REQUEST_INBOUND"
+    assert direct["severity"] == "INFO" and direct["logger"] == "eventbus.request"
+    assert direct[TRACE].startswith("projects/proj/traces/")
+
+
+def test_an_applications_own_handler_gets_the_request_line_as_a_record(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with captured_lines() as lines, caplog.at_level(logging.INFO, logger="eventbus.request"):
+        logging.getLogger("eventbus.request").addHandler(caplog.handler)
+        try:
+            logs.request_line({**FIELDS, "status": 503, "outcome": ""})
+        finally:
+            logging.getLogger("eventbus.request").removeHandler(caplog.handler)
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR and record.getMessage() == "POST / 503"
+    assert record.logType == "REQUEST_INBOUND"
+    assert [line["severity"] for line in lines] == ["ERROR"]
+
+
+def test_a_request_line_below_the_handlers_level_is_not_written() -> None:
+    with captured_lines() as lines:
+        logging.getLogger("eventbus").handlers[0].setLevel(logging.WARNING)
+        logs.request_line(FIELDS)
+        logs.request_line({**FIELDS, "status": 503, "outcome": ""})
+    assert [line["status"] for line in lines] == [503]

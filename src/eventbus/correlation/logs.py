@@ -9,6 +9,15 @@ relayed child: ``eventbus.correlation.tracecontext``) also carries Cloud Logging
 ``.../spanId`` and ``.../trace_sampled``, and the scope's ``requestId``, so
 Cloud Logging shows a request's lines (and a cascade's) together and next
 to its trace. Request lines also carry an ``httpRequest`` object.
+
+The request line is written once per push, so it has a direct path: when
+the ``eventbus`` loggers are as ``configure()`` left them (its one
+``JsonLineHandler``, no filters, nothing else listening), the line goes
+straight to that handler's stream, formatted by the same code as any other
+line, without a ``LogRecord``. The stdlib's record, handler and formatter
+calls cost a push about 50 µs of CPU (a sixth of the framework's own).
+Any other set-up (an application's handlers, pytest's ``caplog``) gets the
+ordinary path and the same line.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import datetime as dt
 import json
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -39,15 +49,23 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """Return ``record`` as a JSON line."""
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        stack = self.formatException(record.exc_info) if record.exc_info else None
+        return self.line(record.levelname, record.getMessage(), record.name, record.created,
+                         fields, stack)
+
+    def line(self, level_name: str, message: str, logger: str, created: float,
+             fields: Mapping[str, Any], stack_trace: str | None = None) -> str:
+        """Return one JSON line: the common keys, then ``fields``, then the scope's trace."""
         entry: dict[str, Any] = {
-            "severity": _SEVERITY.get(record.levelname, record.levelname),
-            "message": record.getMessage(), "logger": record.name, "service": self.service,
-            "timestamp": _iso(dt.datetime.fromtimestamp(record.created, dt.UTC)),
+            "severity": _SEVERITY.get(level_name, level_name),
+            "message": message, "logger": logger, "service": self.service,
+            "timestamp": _iso(dt.datetime.fromtimestamp(created, dt.UTC)),
         }
-        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        entry.update(fields)
         self._correlate(entry)
-        if record.exc_info:
-            entry["stack_trace"] = self.formatException(record.exc_info)
+        if stack_trace:
+            entry["stack_trace"] = stack_trace
         return json.dumps(entry, default=str)
 
     def _correlate(self, entry: dict[str, Any]) -> None:
@@ -64,6 +82,30 @@ class JsonFormatter(logging.Formatter):
                 entry["requestId"] = request_id
 
 
+class JsonLineHandler(logging.StreamHandler):
+    """``configure()``'s handler: JSON lines on a stream, with a direct path for request lines."""
+
+    def __init__(self, stream: TextIO, formatter: JsonFormatter) -> None:
+        super().__init__(stream)
+        self.setFormatter(formatter)
+        self.json = formatter
+
+    def write_line(self, level: int, message: str, logger: str,
+                   fields: Mapping[str, Any]) -> None:
+        """Write one line as ``emit`` would, without a ``LogRecord``."""
+        try:
+            text = self.json.line(logging.getLevelName(level), message, logger, time.time(),
+                                  fields)
+            self.acquire()
+            try:
+                self.stream.write(text + self.terminator)
+                self.flush()
+            finally:
+                self.release()
+        except Exception:  # as the stdlib's emit: a broken stream never fails the request
+            self.handleError(logging.makeLogRecord({"msg": message, "name": logger}))
+
+
 def configure(service: str, level: str = "INFO", stream: TextIO | None = None,
               loggers: tuple[str, ...] = ("eventbus",), project: str = "") -> None:
     """Send ``loggers`` (and their children) to ``stream`` as JSON lines, once.
@@ -72,8 +114,7 @@ def configure(service: str, level: str = "INFO", stream: TextIO | None = None,
     application adds its own loggers' names here. ``project`` names the
     Google Cloud project in the lines' trace field.
     """
-    handler = logging.StreamHandler(stream or sys.stdout)
-    handler.setFormatter(JsonFormatter(service, project))
+    handler = JsonLineHandler(stream or sys.stdout, JsonFormatter(service, project))
     for name in loggers:
         log = logging.getLogger(name)
         log.handlers = [handler]
@@ -95,12 +136,29 @@ def request_line(fields: Mapping[str, Any]) -> None:
     level = severity_for(int(fields.get("status", 0)), str(fields.get("outcome", "")))
     if not _REQUESTS.isEnabledFor(level):
         return
+    message = f"{fields.get('method')} {fields.get('path')} {fields.get('status')}"
+    extra = {"logType": "REQUEST_INBOUND", **fields}
+    direct = _direct_handler(level)
+    if direct is not None:
+        direct.write_line(level, message, _REQUESTS.name, extra)
+        return
     # makeRecord + handle, not log(): the line's caller is always this
     # function, so the frame walk that log() does to find it is skipped.
-    _REQUESTS.handle(_REQUESTS.makeRecord(
-        _REQUESTS.name, level, __file__, 0, "%s %s %s",
-        (fields.get("method"), fields.get("path"), fields.get("status")), None,
-        func="request_line", extra={"logType": "REQUEST_INBOUND", **fields}))
+    _REQUESTS.handle(_REQUESTS.makeRecord(_REQUESTS.name, level, __file__, 0, message, (),
+                                          None, func="request_line", extra=extra))
+
+
+def _direct_handler(level: int) -> JsonLineHandler | None:
+    """``configure()``'s handler when it alone would see a request line at ``level``."""
+    parent = _REQUESTS.parent
+    if (_REQUESTS.handlers or _REQUESTS.filters or not _REQUESTS.propagate
+            or parent is None or parent.propagate or parent.filters
+            or len(parent.handlers) != 1):
+        return None
+    handler = parent.handlers[0]
+    if type(handler) is not JsonLineHandler or handler.filters or level < handler.level:
+        return None
+    return handler
 
 
 def _iso(moment: dt.datetime) -> str:
