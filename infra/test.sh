@@ -15,20 +15,38 @@ phase() { echo "== $1 ($((SECONDS - began)) s)"; }
 phase "venv"; bash infra/venv.sh
 PY=.venv/bin/python
 
-phase "ruff"; .venv/bin/ruff check .
-phase "mypy"; .venv/bin/mypy src handlers infra main.py
-
-started_db="" side=""
+started_db="" side="" db_job=""
 mkdir -p var
-side_log=var/test-side.log
+side_log=var/test-side.log db_log=var/test-localdb.log
 cleanup() {
+  if [ -n "$db_job" ]; then
+    # Never cut a provisioning short: the next run would start it over.
+    echo "test: waiting for the local database to finish starting (log: $db_log)" >&2
+    wait "$db_job" 2>/dev/null || true
+  fi
   if [ -n "$side" ]; then kill -- "-$side" 2>/dev/null || true; wait "$side" 2>/dev/null || true; fi
   if [ -n "$started_db" ]; then $PY -m localdb stop || true; fi
 }
 trap cleanup EXIT
+# The local database starts while ruff and mypy run: on a fresh machine its first
+# start provisions it (minutes, mostly downloads), which needs none of the CPU they use.
 if [ -z "${MONGODB_URI:-}" ]; then
   if ! $PY -m localdb status >/dev/null 2>&1; then started_db=1; fi
-  phase "localdb"; $PY -m localdb start
+  phase "localdb: starting beside ruff and mypy (log: $db_log)"
+  $PY -m localdb start >/dev/null 2>"$db_log" &
+  db_job=$!
+fi
+
+phase "ruff"; .venv/bin/ruff check .
+phase "mypy"; .venv/bin/mypy src handlers infra main.py
+
+if [ -n "$db_job" ]; then
+  phase "localdb: waiting for it"
+  db_status=0
+  wait "$db_job" || db_status=$?
+  db_job=""
+  cat "$db_log"
+  [ "$db_status" -eq 0 ] || { echo "test: the local database did not start" >&2; exit 1; }
   MONGODB_URI=$($PY -m localdb uri)
   export MONGODB_URI
 fi
@@ -55,10 +73,16 @@ phase "pytest on the xdist workers (MongoDB at $MONGODB_URI)"
 main_status=0
 $PY -m pytest -m "not alone" "$@" || main_status=$?
 # Tests marked alone(reason=...) cannot share the machine (see each one's reason).
-phase "pytest: the tests that run alone"
+# When no test file names the marker, this second pytest run (seconds of collecting
+# every test to select none) is skipped.
 alone_status=0
-$PY -m pytest -m alone -n 0 "$@" || alone_status=$?
-[ "$alone_status" -eq 5 ] && alone_status=0  # none selected (e.g. -k chose others)
+if grep -rqs --include='*.py' 'mark\.alone' tests; then
+  phase "pytest: the tests that run alone"
+  $PY -m pytest -m alone -n 0 "$@" || alone_status=$?
+  [ "$alone_status" -eq 5 ] && alone_status=0  # none selected (e.g. -k chose others)
+else
+  phase "pytest: no test is marked alone"
+fi
 [ "$main_status" -eq 0 ] && main_status=$alone_status
 phase "main suite done (exit $main_status); waiting for the deploy and localdb suites"
 side_status=0

@@ -57,10 +57,12 @@ def inline_relay(settings: Settings, store: EventStore, now: Clock,
                  telemetry: Telemetry | None = None) -> Relay:
     """Return the relay that publishes a parent's children before its push is acked.
 
-    It spends at most ``settings.relay_budget_seconds`` per message.
+    It spends at most ``settings.relay_budget_seconds`` per message, and relays
+    up to ``settings.relay_parallel`` parents of a batch at once.
     """
     return Relay(store, publisher or default_publisher(settings), now=now,
-                 budget=settings.relay_budget_seconds, telemetry=telemetry)
+                 budget=settings.relay_budget_seconds, telemetry=telemetry,
+                 parallel=settings.relay_parallel)
 
 
 @dataclasses.dataclass(frozen=True)

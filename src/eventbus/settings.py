@@ -204,6 +204,11 @@ class Settings:
     relay_budget_seconds: float = setting(
         2.0, env="EVENTBUS_RELAY_BUDGET_SECONDS", parse=parse_float,
         doc="The most the inline relay may delay the ack; what is left is the sweeper's.")
+    relay_parallel: int = setting(
+        8, env="EVENTBUS_RELAY_PARALLEL", parse=parse_int,
+        doc="How many parents of a pulled batch the inline relay publishes the children of "
+            "at once (each publish waits for Pub/Sub's answer); parents whose children share "
+            "an ordering key go one after another.")
     guard_collection: str = setting(
         "side_effects", env="EVENTBUS_GUARD_COLLECTION", parse=parse_str,
         doc="The collection of guarded side effects (`context.guard`), one document per key.")

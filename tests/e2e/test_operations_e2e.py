@@ -104,7 +104,7 @@ def test_dlq_drain_stores_or_marks_each_dead_letter_then_acks(
     admin.publish(route.dead_letter_topic, b"{not json", {})
 
     drained = eventbus(route, mongo_uri, db, tmp_path, "dlq", "drain", "--subscription",
-                       route.dead_letter_subscription, "--json")
+                       route.dead_letter_subscription, "--json", "--wait", "2")
     assert drained.returncode == 0, drained.stderr
     report = json.loads(drained.stdout)
     assert (report["pulled"], report["stored"], report["marked"], report["acked"]) == (

@@ -43,6 +43,9 @@ from tests.e2e.harness import (
     wait_until,
 )
 
+# An empty subscription holds peek's pull for --wait seconds (default 10): 2 is ample on
+# the emulator, which answers a pull at once when something is waiting.
+PEEK_WAIT = ("--wait", "2")
 POLICY = PushPolicy(ack_deadline=60, min_backoff=1.0, max_backoff=2.0, max_delivery_attempts=0)
 ENTITY = {"partnerId": "partner-pub", "partnerName": "Pub", "entity_id": "order-1",
           "entity_type": "Order"}
@@ -174,12 +177,14 @@ def test_a_crash_before_the_publish_is_forwarded_by_the_sweeper_exactly_once(
     messages = of(public.arrived(), key)  # peek handed them back: they are still there
     assert sorted(m.message.attributes["contract_version"] for m in messages) == ["v1", "v2"]
     assert json.loads(messages[0].message.data)["status"] == "OR_DLV"
-    empty = public.command("peek", "order-status", "--subscription", public.subscription)
+    empty = public.command("peek", "order-status", "--subscription", public.subscription,
+                          *PEEK_WAIT)
     assert empty.returncode == 0 and "nothing waiting" in empty.stdout
 
 
 def _peek(public: Public, key: str) -> str | None:
     """``eventbus peek`` on our subscription, when it shows both versions of ``key``."""
-    shown = public.command("peek", "order-status", "--subscription", public.subscription)
+    shown = public.command("peek", "order-status", "--subscription", public.subscription,
+                          *PEEK_WAIT)
     assert shown.returncode == 0, shown.stderr
     return shown.stdout if shown.stdout.count(key) >= 2 else None

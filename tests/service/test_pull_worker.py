@@ -124,6 +124,35 @@ def test_one_failure_never_fails_the_batch() -> None:
     assert s.relayed == [(results[3].key, "SUCCESS")]
 
 
+def test_a_hook_that_takes_a_batch_gets_every_parent_of_it_at_once() -> None:
+    class BatchHook:
+        """An ``after_success`` with ``relay_many`` (the inline relay's shape)."""
+
+        def __init__(self) -> None:
+            self.calls: list[list[tuple[str, str, int]]] = []
+
+        def __call__(self, key: str, outbox: Any) -> None:
+            self.calls.append([(key, "", len(outbox))])
+
+        def relay_many(self, outboxes: Any) -> None:
+            self.calls.append([(key, str((store.get(key) or {}).get("event_status")),
+                                len(outbox)) for key, outbox in outboxes])
+
+    from eventbus.model.router import Router
+
+    routes, store, hook = Router(), MemoryEventStore(lease=dt.timedelta(seconds=30)), BatchHook()
+    routes.handler("TEST")(lambda context: context.emit("CHILD", {"of": 1})
+                           if context.event.entity_data["n"] != 2 else None)
+    worker = PullWorker(Processor(store, routes, Settings(), FakeClock(NOW),
+                                  after_success=hook, concurrency=4),
+                        Inbox(), subscription="projects/p/subscriptions/s-pull")
+    results = worker.run_batch([message(1), message(2), message(3)])
+    # One call for the batch, parents with children only, each stored SUCCESS first.
+    assert hook.calls == [[(results[0].key, "SUCCESS", 1), (results[2].key, "SUCCESS", 1)]]
+    results = worker.run_batch([message(4)])  # one parent: the per-parent hook
+    assert hook.calls[1:] == [[(results[0].key, "", 1)]]
+
+
 def test_duplicates_in_and_across_batches_run_once() -> None:
     s = setup()
     first = [message(1), message(1), message(2)]

@@ -12,6 +12,7 @@ That the sweep's MongoDB query is pinned to the outbox index is a property of
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from eventbus.model.context import Child
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.keys import child_key
-from eventbus.outbox.relay import Backoff, Relay
+from eventbus.outbox.relay import Backoff, Relay, ordered_chains
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import CapturingPublisher
 
@@ -195,3 +196,69 @@ def test_a_corrupted_entry_is_recorded_and_does_not_stop_the_sweep(store: Memory
     assert (report.published, report.failed) == (1, 1) and publisher.tries == 1
     (entry,) = store.get("broken")["outbox"]
     assert entry["status"] == "PENDING" and entry["last_error"]["type"] == "InvalidEvent"
+
+
+def outbox_of(parent: str, *keys: str) -> tuple[str, list[dict[str, Any]]]:
+    """A parent's outbox as the processor hands it over: one PENDING child per ordering key."""
+    return parent, [{"status": "PENDING", "ordering_key": key} for key in keys]
+
+
+def test_parents_whose_children_share_an_ordering_key_form_one_chain_in_order() -> None:
+    a, b, c, d, e = (outbox_of("a", "k1"), outbox_of("b", ""), outbox_of("c", "k2"),
+                     outbox_of("d", "k2", "k1"), outbox_of("e", "k3"))
+    chains = ordered_chains([a, b, c, d, e])
+    # d links k1 (a's) and k2 (c's): a, c and d are one chain, in the batch's order.
+    assert [[parent for parent, _ in chain] for chain in chains] == [["a", "c", "d"], ["b"],
+                                                                      ["e"]]
+    published = ("x", [{"status": "PUBLISHED", "ordering_key": "k1"}])
+    assert len(ordered_chains([a, published])) == 2  # only pending children order a parent
+
+
+def test_relay_many_relays_parents_side_by_side(store: MemoryEventStore) -> None:
+    time = FakeTime()
+    both_publishing = threading.Barrier(2, timeout=10)
+    # Each publish waits until the other parent's publishes too: only parents relayed
+    # at once get past it (one after another, the barrier breaks and nothing is published).
+    publisher = CapturingPublisher(on_publish=both_publishing.wait)
+    outboxes = [(parent, committed(store, time, parent, children=1)) for parent in ("p", "q")]
+    relay = relay_for(store, publisher, time, parallel=2)
+    try:
+        relay.relay_many(outboxes)
+    finally:
+        relay.close()
+    assert sorted(m.attributes["parent_key"] for m in publisher.messages) == ["p", "q"]
+    for parent, _ in outboxes:
+        assert [e["status"] for e in store.get(parent)["outbox"]] == ["PUBLISHED"]
+
+
+def test_relay_many_keeps_an_ordering_key_in_the_batch_order(store: MemoryEventStore) -> None:
+    time = FakeTime()
+    second_published = threading.Event()
+
+    def publishing() -> None:
+        # The first parent's child waits a little for the second's: were the two parents
+        # relayed side by side, the second's child would go out first.
+        if not publisher.messages:
+            second_published.wait(0.2)
+        else:
+            second_published.set()
+
+    publisher = CapturingPublisher(on_publish=publishing)
+    outboxes = [(parent, committed(store, time, parent, children=1, ordering_key="order-1"))
+                for parent in ("first", "second")]
+    relay = relay_for(store, publisher, time, parallel=4)
+    try:
+        relay.relay_many(outboxes)
+    finally:
+        relay.close()
+    assert [m.attributes["parent_key"] for m in publisher.messages] == ["first", "second"]
+
+
+def test_relay_many_in_turn_with_parallel_one_and_never_raises(store: MemoryEventStore) -> None:
+    time = FakeTime()
+    publisher = CapturingPublisher(failures=100)
+    outboxes = [(parent, committed(store, time, parent, children=1)) for parent in ("p", "q")]
+    relay_for(store, publisher, time).relay_many(outboxes)  # every try fails: logged only
+    assert publisher.tries == 2 * Backoff().tries
+    for parent, _ in outboxes:
+        assert [e["status"] for e in store.get(parent)["outbox"]] == ["PENDING"]

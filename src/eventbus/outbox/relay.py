@@ -11,8 +11,13 @@ It runs in two places:
 
 * **inline**, as the processor's ``after_success`` hook, right after SUCCESS
   is stored and before the push is acked. It spends at most
-  ``Settings.relay_budget_seconds`` (plus the store write of the entry it is
-  on); whatever is left is left ``PENDING`` for the sweeper. It never raises.
+  ``Settings.relay_budget_seconds`` per parent (plus the store write of the
+  entry it is on); whatever is left is left ``PENDING`` for the sweeper. It
+  never raises. For a batch of parents (the pull worker's), ``relay_many``
+  relays up to ``parallel`` parents at once (``Settings.relay_parallel``):
+  each publish waits for Pub/Sub's answer, and one parent after another a
+  batch of 100 spent seconds waiting. Parents whose children share an
+  ordering key stay one after another, in the batch's order.
 * **as a sweeper**, ``eventbus relay [--once]``: asks the store for entries
   ``PENDING`` for longer than a grace period and publishes them. This is
   what recovers a crash between the commit and the publish.
@@ -41,12 +46,14 @@ writes the outbox only through the store.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import random
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -124,6 +131,7 @@ class Relay:
     the budget, ``sleep`` and ``jitter`` drive the backoff, so tests run
     without waiting. So is ``telemetry``: one ``publish`` span per entry,
     whose context the child carries (default: the stored emitting context only).
+    ``parallel`` is how many parents ``relay_many`` relays at once (1: in turn).
     """
 
     def __init__(self, store: EventStore, publisher: MessagePublisher, *,
@@ -131,8 +139,10 @@ class Relay:
                  backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep,
                  jitter: Callable[[], float] = random.random,
                  monotonic: Callable[[], float] = time.monotonic,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, parallel: int = 1) -> None:
         self.store, self.publisher, self.now = store, publisher, now
+        self.parallel = max(1, parallel)
+        self._pool: ThreadPoolExecutor | None = None
         # Only tracing has work to do per child: without it, nothing of telemetry runs here.
         self.telemetry = telemetry if telemetry is not None and telemetry.tracing else None
         self.budget, self.backoff = budget, backoff
@@ -148,6 +158,38 @@ class Relay:
         if report.failed or report.deferred:
             logger.warning("inline relay of %s: %s; the rest is left to the sweeper",
                            parent_key, report)
+
+    def relay_many(self, outboxes: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> None:
+        """The ``after_success`` hook for a batch: each ``(parent_key, outbox)`` as ``__call__``.
+
+        Up to ``parallel`` parents at once, each within its own budget; parents
+        whose pending children share an ordering key one after another, in the
+        given order, so a key's messages are published in the order they were
+        emitted. Logs, never raises.
+        """
+        chains = ordered_chains(outboxes)
+        if self.parallel == 1 or len(chains) == 1:
+            for parent_key, outbox in outboxes:
+                self(parent_key, outbox)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="eventbus-relay")
+        # Each chain in a copy of the caller's context: its log lines keep the batch's
+        # request id, and a context is entered by one thread at a time.
+        futures = [self._pool.submit(contextvars.copy_context().run, self._chain, chain)
+                   for chain in chains]
+        for future in futures:
+            future.result()
+
+    def _chain(self, outboxes: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> None:
+        for parent_key, outbox in outboxes:
+            self(parent_key, outbox)
+
+    def close(self) -> None:
+        """Stop ``relay_many``'s threads (idle between batches)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def relay(self, parent_key: str, outbox: Sequence[Mapping[str, Any]],
               budget: float | None = None) -> RelayReport:
@@ -233,6 +275,35 @@ class Relay:
 
     def _remaining(self, deadline: float | None) -> float | None:
         return None if deadline is None else max(deadline - self._monotonic(), 0.001)
+
+
+def ordered_chains(outboxes: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]
+                   ) -> list[list[tuple[str, Sequence[Mapping[str, Any]]]]]:
+    """Group parents so that those whose pending children share an ordering key are together.
+
+    Each chain keeps the given order, and chains come in the order of their
+    first parent; a parent without ordered children is a chain of its own.
+    """
+    root = list(range(len(outboxes)))  # union-find over the parents' positions
+    holder: dict[str, int] = {}  # ordering key -> the first parent with a child of it
+
+    def find(index: int) -> int:
+        while root[index] != index:
+            index = root[index]
+        return index
+
+    for index, (_, outbox) in enumerate(outboxes):
+        for entry in outbox:
+            key = entry.get("ordering_key")
+            if not key or entry.get("status") != Status.PENDING:
+                continue
+            first = holder.setdefault(str(key), index)
+            if first != index:  # the earlier parent's chain leads, whichever joins
+                root[find(index)] = find(first)
+    chains: dict[int, list[tuple[str, Sequence[Mapping[str, Any]]]]] = {}
+    for index, parent in enumerate(outboxes):
+        chains.setdefault(find(index), []).append(parent)
+    return list(chains.values())
 
 
 def outbox_message(entry: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:

@@ -12,7 +12,8 @@
 5. **finish**: one ``finish_many`` stores every outcome; a lease another
    worker took meanwhile, or children the store refuses, settle the answer;
 6. **relay**: ``after_success`` (the inline relay) for each SUCCESS with
-   children, once its parent is stored.
+   children, once its parent is stored (a hook with ``relay_many`` gets the
+   batch's at once).
 
 A store that cannot be reached leaves every undecided item UNAVAILABLE. The
 stages make no telemetry calls: observers are ``Middleware`` around them.
@@ -229,10 +230,22 @@ class Processor:
                 and item.pending is not None and item.pending.finish.outbox]
         if hook is None or not sent:
             return
+        outboxes = [(item.key, item.pending.finish.outbox) for item in sent
+                    if item.pending is not None]
+        # A hook that takes a batch (the inline relay's relay_many) gets it at once, to
+        # publish the parents' children side by side rather than one after another.
+        many: Callable[[Sequence[tuple[str, Sequence[Mapping[str, Any]]]]], None] | None = \
+            getattr(hook, "relay_many", None) if len(outboxes) > 1 else None
         with self._around("relay", sent) if self.middleware else _NOTHING:
-            for item in sent:
-                if item.pending is not None:
-                    _run_hook(hook, item.key, item.pending.finish.outbox)
+            if many is not None:
+                try:
+                    many(outboxes)
+                except Exception:  # as _run_hook: the batch is processed whatever happens
+                    logger.exception("after_success hook failed for a batch of %d; left to "
+                                     "the sweeper", len(outboxes))
+                return
+            for key, outbox in outboxes:
+                _run_hook(hook, key, outbox)
 
     # -- one handler ------------------------------------------------------------------
     def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:

@@ -129,12 +129,15 @@ class PubSubDeadLetters:
     """The dead-letter pull subscription through google-cloud-pubsub (the emulator when set)."""
 
     def __init__(self, project: str, subscription: str, *, timeout: float = 10.0,
-                 client: Any = None) -> None:
+                 client: Any = None, wait: float | None = None) -> None:
         from google.cloud import pubsub_v1
 
         self.client = client or pubsub_v1.SubscriberClient()
         self.subscription = self.client.subscription_path(project, subscription)
         self.timeout = timeout
+        # How long a pull waits on an empty subscription (it is held until about its
+        # deadline): the drain ends on the first empty pull. Default: ``timeout``.
+        self.wait = timeout if wait is None else wait
 
     def pull(self, max_messages: int) -> list[Pulled]:
         """Pull up to ``max_messages``; an empty list when none came within the timeout."""
@@ -143,7 +146,7 @@ class PubSubDeadLetters:
         try:
             response = self.client.pull(request={"subscription": self.subscription,
                                                  "max_messages": max_messages},
-                                        timeout=self.timeout)
+                                        timeout=self.wait)
         except exceptions.DeadlineExceeded:
             return []
         return [Pulled(received.ack_id, self._delivery(received))

@@ -82,6 +82,17 @@ def positive(text: str) -> int:
     return value
 
 
+def wait_seconds(text: str) -> float:
+    """Parse a long poll's wait: seconds above zero (a fraction allowed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above zero: {text!r}")
+    return value
+
+
 def rate(text: str) -> float:
     """Parse ``--rate``: events per second, as ``5``, ``5/s`` or ``0.5/s``."""
     number = text.strip().removesuffix("/s")

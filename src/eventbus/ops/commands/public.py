@@ -5,9 +5,10 @@
   files to rewrite (``contracts write``); 2 when a change would break a
   published version (a removed or retyped field, a new required field).
 * ``contracts write``: rewrite what is out of date; refuses a breaking change.
-* ``peek TOPIC [--max N] [--ack]``: what arrived on a public topic, read from
+* ``peek TOPIC [--max N] [--ack] [--wait S]``: what arrived on a public topic, read from
   its pull subscription (``<topic>-local``, which ``pubsub-emulator.sh start``
   creates). Without ``--ack`` the messages are handed back (a nack) and stay.
+  An empty subscription holds the pull for ``--wait`` seconds (default 10).
 
 ``--app`` is the service app (``main:app``), a ``Router``, or a function
 returning one; only its forwards are read.
@@ -23,7 +24,7 @@ from eventbus.contracts import files
 from eventbus.model.contract import ContractError
 from eventbus.model.errors import EventBusError
 from eventbus.model.router import Router
-from eventbus.ops.commands.common import Tools, UsageError, load_app, positive
+from eventbus.ops.commands.common import Tools, UsageError, load_app, positive, wait_seconds
 from eventbus.ops.render import safe, table
 from eventbus.workers.command import router_in
 
@@ -42,6 +43,8 @@ def add(commands: Any) -> None:
     peek.add_argument("--subscription", help="default <topic>-local")
     peek.add_argument("--max", type=positive, default=20, help="messages at most (default 20)")
     peek.add_argument("--ack", action="store_true", help="acknowledge what is shown")
+    peek.add_argument("--wait", type=wait_seconds, default=10.0,
+                      help="seconds an empty subscription is waited on (default 10)")
     peek.set_defaults(run=cmd_peek)
 
 
@@ -101,9 +104,12 @@ def cmd_peek(args: argparse.Namespace, tools: Tools) -> int:
     path = client.subscription_path(tools.settings.project_id,
                                     args.subscription or f"{args.topic}-local")
     try:
+        # A pull on an empty subscription is held until about its deadline: --wait.
         received = list(client.pull(request={"subscription": path, "max_messages": args.max},
-                                    timeout=10).received_messages)
+                                    timeout=args.wait).received_messages)
         _settle(client, path, [m.ack_id for m in received], args.ack)
+    except exceptions.DeadlineExceeded:
+        received = []  # nothing came within --wait
     except exceptions.NotFound:
         raise UsageError(f"no subscription {path}: `pubsub-emulator.sh start` makes it "
                          "locally, or pass --subscription") from None

@@ -18,6 +18,7 @@ from eventbus.ops.commands.common import (
     positive,
     query_of,
     rate,
+    wait_seconds,
 )
 from eventbus.ops.render import safe, table
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
@@ -49,6 +50,9 @@ def add(commands: Any) -> None:
     drain.add_argument("--subscription", help="default $PUBSUB_DEAD_LETTER_SUBSCRIPTION")
     drain.add_argument("--max", type=positive, help="at most N messages")
     drain.add_argument("--batch", type=positive, default=10, help="messages per pull")
+    drain.add_argument("--wait", type=wait_seconds, default=10.0,
+                       help="seconds an empty subscription is waited on before the drain "
+                            "ends (default 10)")
     drain.add_argument("--app", help="MODULE:ATTR of the service app (default $EVENTBUS_APP)")
     add_json(drain)
     drain.set_defaults(run=cmd_drain)
@@ -178,7 +182,7 @@ def cmd_drain(args: argparse.Namespace, tools: Tools) -> int:
     name = args.subscription or tools.ops.dead_letter_subscription
     store = tools.store()
     locate = locator(args.app or tools.ops.app, store)
-    source = deadletter.PubSubDeadLetters(tools.settings.project_id, name)
+    source = deadletter.PubSubDeadLetters(tools.settings.project_id, name, wait=args.wait)
     try:
         report = deadletter.drain(
             store, source, locate, tools.now, batch=args.batch, limit=args.max,
