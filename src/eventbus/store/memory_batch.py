@@ -60,8 +60,25 @@ class MemoryBatchMixin:
 
         _lease: timedelta
 
-    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
-        """Claim every key at once, one owner for the batch (``EventStore.claim_many``)."""
+    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime,
+                   takes: Mapping[str, EntityTake] | None = None) -> BatchClaim:
+        """Claim every key at once, one owner for the batch (``EventStore.claim_many``).
+
+        ``takes``: the entities with a taken key are then held as
+        ``take_entities`` holds them; ``holds`` has those held.
+        """
+        batch = self._claim_events(items, now)
+        if takes is None:
+            return batch
+        wanted = {key: take for key, take in takes.items()
+                  if any(k in batch.taken for k in take.keys)}
+        holds = self.take_entities(wanted, now)
+        held = {key: record for key, record in holds.records.items() if holds.held(key)}
+        return BatchClaim(batch.taken, batch.records, batch.refused,
+                          EntityHolds(holds.owner, held))
+
+    def _claim_events(self, items: Mapping[str, Mapping[str, Any]],
+                      now: datetime) -> BatchClaim:
         if len(items) == 1:
             return claim_of_one(self.claim, *next(iter(items.items())), now)
         owner, taken, records, refused = uuid.uuid4().hex, {}, {}, set()

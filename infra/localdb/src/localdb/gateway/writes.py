@@ -173,10 +173,17 @@ def _back_off(attempt: int, error: Mapping[str, Any]) -> None:
 
 
 def _pins(query: Any, pattern: Mapping[str, Any] | None) -> bool:
-    """True when `query` has an equality on every field of the index key `pattern`."""
-    if not isinstance(query, Mapping) or not pattern:
+    """True when `query` is equalities on exactly the fields of the index key `pattern`.
+
+    MongoDB's rule for retrying an upsert's duplicate key: the query is one
+    equality or an AND of equalities, on the unique index's fields and no
+    others. A query with any other condition (an upsert meant to insert only
+    when a document is in some state) gets the duplicate key back at once:
+    retrying it would find the same document in the same state.
+    """
+    if not isinstance(query, Mapping) or not pattern or not dupkey.only_equalities(query):
         return False
-    return set(pattern) <= set(dupkey.equality_fields(query))
+    return set(pattern) == set(dupkey.equality_fields(query))
 
 
 def _merge(result: Mapping[str, Any], error: Mapping[str, Any], retry: Mapping[str, Any],
