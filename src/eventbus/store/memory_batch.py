@@ -64,18 +64,24 @@ class MemoryBatchMixin:
                    takes: Mapping[str, EntityTake] | None = None) -> BatchClaim:
         """Claim every key at once, one owner for the batch (``EventStore.claim_many``).
 
-        ``takes``: the entities with a taken key are then held as
-        ``take_entities`` holds them; ``holds`` has those held.
+        ``takes``: each entity with a taken key is then held if a hold may hold
+        it (``documents.holdable``: new, or free and not ahead), as on MongoDB.
         """
         batch = self._claim_events(items, now)
         if takes is None:
             return batch
-        wanted = {key: take for key, take in takes.items()
-                  if any(k in batch.taken for k in take.keys)}
-        holds = self.take_entities(wanted, now)
-        held = {key: record for key, record in holds.records.items() if holds.held(key)}
-        return BatchClaim(batch.taken, batch.records, batch.refused,
-                          EntityHolds(holds.owner, held))
+        owner, held = uuid.uuid4().hex, {}
+        now = documents.bson_time(now)
+        with self._lock:
+            for key, take in takes.items():
+                record = self._events.get(key)
+                if any(k in batch.taken for k in take.keys) and \
+                        documents.holdable(record, min(take.positions)):
+                    fields = documents.held_record(key, take.entity, owner, now, self._lease,
+                                                   take.keys, take.positions)
+                    self._events.setdefault(key, {}).update(fields)
+                    held[key] = copy.deepcopy(fields)
+        return BatchClaim(batch.taken, batch.records, batch.refused, EntityHolds(owner, held))
 
     def _claim_events(self, items: Mapping[str, Mapping[str, Any]],
                       now: datetime) -> BatchClaim:

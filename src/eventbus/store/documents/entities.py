@@ -105,6 +105,14 @@ def hold_filter(entity_key: str, lowest: Any) -> dict[str, Any]:
             "$or": [{"position": {"$exists": False}}, {"position": {"$lte": lowest}}]}
 
 
+def holdable(record: Mapping[str, Any] | None, lowest: Any) -> bool:
+    """True when a hold holds the entity of ``record`` (None: new). Mirrors ``hold_filter``."""
+    if record is None:
+        return True
+    position = record.get("position")
+    return "holder" not in record and (position is None or position <= lowest)
+
+
 def hold_update(entity: Mapping[str, Any], owner: str, now: datetime, lease: timedelta,
                 keys: Sequence[str], positions: Sequence[Any]) -> dict[str, Any]:
     """The update of a hold (an upsert under ``hold_filter``): set the holder."""
