@@ -159,7 +159,8 @@ class Processor:
         if not wanted:
             return [], None
         # Ordered handlers' entities are held in the claim's own round trips.
-        takes = self.lanes.takes(wanted)
+        takes = self.lanes.takes(wanted) if any(
+            item.located is not None and item.located.order for item in wanted) else None
         with self._around("claim", wanted) if self.middleware else _NOTHING:
             batch = self.store.claim_many({item.key: item.located.fields for item in wanted
                                            if item.located is not None}, self.now(), takes)
