@@ -96,8 +96,9 @@ class MongoBatchMixin:
                  "retention": self._retention}
         inserts = [InsertOne(documents.new_record(key, items[key], now, **rules))  # type: ignore[arg-type]
                    for key in keys]
-        inserts += [InsertOne(self._held_record(key, take, owner, now))
-                    for key, take in (takes or {}).items()]
+        fresh = {key: self._held_record(key, take, owner, now)
+                 for key, take in (takes or {}).items()}
+        inserts += [InsertOne(record) for record in fresh.values()]
         with unavailable("claim batch", "batch"):
             refused, existing = _insert(self._collection, inserts)
             held = {key for i, key in enumerate(entity_keys, len(keys))
@@ -117,7 +118,7 @@ class MongoBatchMixin:
         if takes is None:
             return batch
         with unavailable("claim batch", "batch"):
-            return self._kept(batch, takes, held, owner, now)
+            return self._kept(batch, takes, held, owner, now, fresh)
 
     def _claim_and_hold(self, key: str, fields: Mapping[str, Any], now: datetime,
                         entity_key: str, take: EntityTake) -> BatchClaim:
@@ -169,14 +170,16 @@ class MongoBatchMixin:
         return {key for index, key in enumerate(keys) if index not in failed}
 
     def _kept(self, batch: BatchClaim, takes: Mapping[str, EntityTake], held: set[str],
-              owner: str, now: datetime) -> BatchClaim:
+              owner: str, now: datetime, records: Mapping[str, Record]) -> BatchClaim:
         """Keep the holds of entities with a taken key; release the others (a rare round trip)."""
         used = {key for key in held if any(k in batch.taken for k in takes[key].keys)}
         if used != held:
             self._collection.bulk_write([UpdateOne(documents.holder_filter(key, owner),
                                                    documents.release_update(now))
                                          for key in sorted(held - used)], ordered=False)
-        holds = {key: self._held_record(key, takes[key], owner, now) for key in used}
+        # What the insert wrote, or the hold set (the insert's own _id aside).
+        holds = {key: {name: value for name, value in records[key].items() if name != "_id"}
+                 for key in used}
         return BatchClaim(batch.taken, batch.records, batch.refused, EntityHolds(owner, holds))
 
     def finish_many(self, finishes: Sequence[Finish], now: datetime,
