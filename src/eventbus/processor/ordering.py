@@ -3,8 +3,10 @@
 After the claim, the claimed events of ordered handlers are grouped by entity
 into **lanes**: one lane per entity, its events in position order (ties by
 key), run one after the other while other lanes run in parallel. Each lane's
-entity is held in the store for the batch (``take_entities``, one round trip
-for the batch), so no other instance runs an event of it meanwhile:
+entity is held in the store for the batch, so no other instance runs an event
+of it meanwhile: by the claim itself where it can (``claim_many(takes=)``,
+``Lanes.takes``: a new entity, or a free one not ahead of its events, in the
+claim's own round trips), else by ``take_entities`` (one round trip more):
 
 * an entity another holder has is waited for up to ``order_wait_seconds``;
   then its events give their claims back untouched (``Finish.unclaim``: no

@@ -9,8 +9,10 @@ Retries, as MongoDB's server does them, outside transactions only (inside
 one, PostgreSQL has already aborted the transaction):
 - Upserts: two concurrent upserts on the same unique key both find nothing
   and both insert; one gets a duplicate key. MongoDB retries such an upsert
-  when its query pins every field of the violated unique index with an
-  equality (the retry finds and updates the winner's document).
+  when its query is equalities on exactly the fields of the violated unique
+  index (the retry finds and updates the winner's document); a query with
+  any other condition gets its duplicate key at once (a conditional upsert
+  of a document in another state: a retry would fail the same way).
 - Write conflicts: a statement PostgreSQL chose as a deadlock victim (or
   that hit a serialization failure) did nothing; MongoDB retries write
   conflicts of single-document writes internally, so drivers never see them.
