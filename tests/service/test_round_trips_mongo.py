@@ -1,4 +1,6 @@
-"""The MongoDB round-trip budget of the push path: 2 for a new event (ordered too), 1 for a duplicate.
+"""The MongoDB round-trip budget of the push path: 2 for a new event, ordered or not.
+
+A duplicate costs 1 (an ordered handler's: 2).
 
 This is the one service test that needs the real server (``mongo_uri`` from the
 root conftest; under ``CI=true`` a missing server fails it). It counts the
