@@ -160,3 +160,84 @@ def test_the_heartbeat_renews_the_entities_a_batch_holds(store: EventStore,
         beat.beat()
     assert not store.take_entities({key: take(("k2",), (2,))},
                                    now + store.lease * 1.5).held(key)
+
+
+# -- holds taken by the claim itself (``claim_many(..., takes=)``) ----------------------------
+
+
+def test_a_claim_holds_the_entity_of_a_new_event_in_the_same_call(store: EventStore,
+                                                                   now: datetime) -> None:
+    # One key (a push: one command on MongoDB) and a batch (the claim's insert).
+    for events in ([new_key()], [new_key(), new_key()]):
+        keys = {event: fresh_entity() for event in events}
+        batch = store.claim_many(dict.fromkeys(events, FIELDS), now,
+                                 {keys[e]: take((e,), (5,)) for e in events})
+        assert set(batch.taken) == set(events) and batch.holds is not None
+        for event, key in keys.items():
+            assert batch.holds.held(key) and batch.holds.owner_of(key) == batch.holds.owner
+            record = store.get(key) or {}
+            assert record["holder"]["owner"] == batch.holds.owner
+            assert (record["holder"]["keys"], record["entity"]) == ([event], ENTITY)
+            assert record.get("position") is None
+        done = store.finish_many([Finish(e, batch.taken[e].owner) for e in events], now,
+                                 [EntityRelease(k, batch.holds.owner, 5, e)
+                                  for e, k in keys.items()])
+        assert not done.lost
+        assert all((store.get(k) or {}).get("position") == 5 for k in keys.values())
+
+
+def test_a_claim_holds_a_free_entity_at_or_below_the_lowest_position(store: EventStore,
+                                                                      now: datetime) -> None:
+    key = fresh_entity()
+    first = store.take_entities({key: take()}, now)
+    store.finish_many([], now, [EntityRelease(key, first.owner, 5, "k1")])
+    for position in (5, 8):  # equal: another event at the same position runs
+        event = new_key()
+        batch = store.claim_many({event: FIELDS}, now, {key: take((event,), (position,))})
+        assert batch.holds is not None and batch.holds.held(key)
+        store.finish_many([Finish(event, batch.taken[event].owner)], now,
+                          [EntityRelease(key, batch.holds.owner, position, event)])
+    assert (store.get(key) or {})["position"] == 8
+
+
+def test_a_claim_leaves_a_held_ahead_or_orphaned_entity_to_take_entities(
+        store: EventStore, now: datetime) -> None:
+    held, ahead, orphaned = fresh_entity(), fresh_entity(), fresh_entity()
+    store.take_entities({held: take(), orphaned: take(("a",), (1,))}, now)
+    first = store.take_entities({ahead: take()}, now)
+    store.finish_many([], now, [EntityRelease(ahead, first.owner, 9, "k1")])
+    later = now + store.lease + timedelta(seconds=1)  # the holder of ``orphaned`` ran out
+    for key in (held, ahead, orphaned):
+        for events in ([new_key()], [new_key(), new_key()]):
+            before = store.get(key)
+            batch = store.claim_many(dict.fromkeys(events, FIELDS), later if key == orphaned
+                                     else now, {key: take(tuple(events), (2,) * len(events))})
+            assert set(batch.taken) == set(events)  # the events are claimed all the same
+            assert batch.holds is not None and not batch.holds.held(key)
+            assert store.get(key) == before  # left as it was, for take_entities
+    holds = store.take_entities({orphaned: take(("b",), (2,))}, later)
+    assert holds.held(orphaned) and holds.records[orphaned]["orphan"]["keys"] == ["a"]
+
+
+def test_a_claim_leaves_no_entity_held_for_events_it_did_not_take(store: EventStore,
+                                                                   now: datetime) -> None:
+    done = new_key()
+    store.succeed(done, store.claim(done, FIELDS, now).owner, now)
+    for events in ([done], [done, new_key()]):
+        key = fresh_entity()
+        batch = store.claim_many(dict.fromkeys(events, FIELDS), now,
+                                 {key: take((done,), (3,))})
+        assert done not in batch.taken and batch.holds is not None
+        assert not batch.holds.held(key)
+        assert "holder" not in (store.get(key) or {})  # free for the next event
+
+
+def test_an_event_claimed_with_its_entity_is_stored_as_a_single_claim_stores_it(
+        store: EventStore, now: datetime) -> None:
+    alone, held = new_key(), new_key()
+    store.claim(alone, FIELDS, now)
+    store.claim_many({held: FIELDS}, now, {fresh_entity(): take((held,), (1,))})
+    skip = {"_id", "idempotency_key", "lease_owner"}
+    single = {k: v for k, v in (store.get(alone) or {}).items() if k not in skip}
+    claimed = {k: v for k, v in (store.get(held) or {}).items() if k not in skip}
+    assert claimed == single and single["attempts"] == 1

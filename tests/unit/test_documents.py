@@ -306,3 +306,17 @@ class TestSummaries:
         assert documents.summary(record) == {
             "idempotency_key": "k", "event_type": "T", "event_status": SUCCESS,
             "outbox": [{"idempotency_key": "k/0:A"}, {"idempotency_key": None}]}
+
+
+def test_a_hold_holds_a_new_entity_or_a_free_one_not_ahead() -> None:
+    # ``holdable`` is the memory store's form of ``hold_filter`` (MongoDB's query).
+    assert documents.holdable(None, 5)
+    assert documents.holdable({"idempotency_key": "entity:x"}, 5)  # released before any SUCCESS
+    assert documents.holdable({"position": 5}, 5) and documents.holdable({"position": 4.5}, 5)
+    assert not documents.holdable({"position": 6}, 5)
+    assert not documents.holdable({"holder": {"owner": "o", "until": NOW}}, 5)
+    held = documents.hold_filter("entity:x", 5)
+    assert held["holder"] == {"$exists": False} and {"position": {"$lte": 5}} in held["$or"]
+    update = documents.hold_update({"partnerId": "p"}, "o", NOW, timedelta(seconds=30), ["k"], [5])
+    assert update["$set"]["holder"]["owner"] == "o"
+    assert update["$setOnInsert"] == {"record_type": "entity", "entity": {"partnerId": "p"}}

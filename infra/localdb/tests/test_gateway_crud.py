@@ -283,3 +283,25 @@ def test_explain_shows_the_postgresql_plan(gw_db: Database) -> None:
     assert plan["queryPlanner"]["namespace"] == f"{gw_db.name}.c"
     assert "Node Type" in plan["queryPlanner"]["winningPlan"]["plan"]
     assert gw_db.command("explain", {"count": "c", "query": {"k": 1}})["ok"] == 1.0
+
+
+def test_an_insert_only_upsert_stops_an_ordered_update_on_the_duplicate_key(
+        gw_db: Database) -> None:
+    # An upsert whose query has more than equalities on the unique key's fields
+    # is not retried (MongoDB's rule): its duplicate key comes back at once and
+    # an ordered command stops there, before the statements after it.
+    events = gw_db.events
+    events.create_index("k", unique=True)
+    events.insert_one({"k": "a", "owner": "first"})
+    writes = [UpdateOne({"k": "a", "owner": "second"}, {"$setOnInsert": {"n": 1}}, upsert=True),
+              UpdateOne({"k": "b"}, {"$set": {"n": 2}}, upsert=True)]
+    with pytest.raises(BulkWriteError) as caught:
+        events.bulk_write(writes, ordered=True)
+    errors = caught.value.details["writeErrors"]
+    assert [(e["index"], e["code"]) for e in errors] == [(0, 11000)]
+    assert events.find_one({"k": "b"}) is None
+    assert events.find_one({"k": "a"}, {"_id": 0}) == {"k": "a", "owner": "first"}
+    result = events.bulk_write([UpdateOne({"k": "c", "owner": "o"}, {"$setOnInsert": {"n": 1}},
+                                          upsert=True), writes[1]], ordered=True)
+    assert (result.upserted_count, events.find_one({"k": "c"}, {"_id": 0})) == \
+        (2, {"k": "c", "owner": "o", "n": 1})

@@ -92,6 +92,16 @@ def test_upsert_retry_needs_equality_on_the_whole_key() -> None:
     assert not writes._pins({"k": 1}, None)
 
 
+def test_upsert_retry_needs_equalities_on_the_key_alone() -> None:
+    # MongoDB retries only a query of equalities on exactly the index's fields:
+    # an upsert meant to insert unless the document is in some state is not.
+    assert writes._pins({"k": 1}, {"k": 1})
+    assert writes._pins({"$and": [{"k": {"$eq": 1}}]}, {"k": 1})
+    assert not writes._pins({"k": 1, "owner": "o"}, {"k": 1})
+    assert not writes._pins({"k": 1, "holder": {"$exists": False}}, {"k": 1})
+    assert not writes._pins({"k": 1, "$or": [{"p": 1}, {"p": 2}]}, {"k": 1})
+
+
 def test_merge_of_a_retried_tail() -> None:
     first = {"n": 1, "nModified": 1, "ok": 1.0,
              "writeErrors": [{"index": 1, "code": 11000, "errmsg": "dup"}]}

@@ -3,8 +3,10 @@
 After the claim, the claimed events of ordered handlers are grouped by entity
 into **lanes**: one lane per entity, its events in position order (ties by
 key), run one after the other while other lanes run in parallel. Each lane's
-entity is held in the store for the batch (``take_entities``, one round trip
-for the batch), so no other instance runs an event of it meanwhile:
+entity is held in the store for the batch, so no other instance runs an event
+of it meanwhile: by the claim itself where it can (``claim_many(takes=)``,
+``Lanes.takes``: a new entity, or a free one not ahead of its events, in the
+claim's own round trips), else by ``take_entities`` (one round trip more):
 
 * an entity another holder has is waited for up to ``order_wait_seconds``;
   then its events give their claims back untouched (``Finish.unclaim``: no
@@ -75,21 +77,25 @@ class Lanes:
         self.store, self.now, self.wait = store, now, wait
         self._sleep = sleep
 
-    def of(self, claimed: Sequence[Item]) -> list[Lane]:
-        """The lanes of ``claimed``; items of a busy entity get their unclaim and IN_PROGRESS."""
-        groups: dict[str, list[Item]] = {}
+    @staticmethod
+    def takes(wanted: Sequence[Item]) -> dict[str, EntityTake] | None:
+        """The entities the claim of ``wanted`` holds too (``claim_many(takes=)``); None: none."""
+        groups = _groups(wanted)
+        return {key: _take(items) for key, items in groups.items()} if groups else None
+
+    def of(self, claimed: Sequence[Item], holds: EntityHolds | None = None) -> list[Lane]:
+        """The lanes of ``claimed``; items of a busy entity get their unclaim and IN_PROGRESS.
+
+        ``holds``: the entities the claim held already; the others are taken here.
+        """
         lanes = [Lane([item]) for item in claimed if _ordering(item) is None]
-        for item in claimed:
-            if (order := _ordering(item)) is not None:
-                groups.setdefault(order.entity_key, []).append(item)
+        groups = _groups(claimed)
         if groups:
-            lanes += self._held(groups)
+            lanes += self._held(groups, holds)
         return lanes
 
-    def _held(self, groups: dict[str, list[Item]]) -> list[Lane]:
-        for items in groups.values():
-            items.sort(key=lambda item: (_order(item).position, item.key))
-        holds = self._take(groups)
+    def _held(self, groups: dict[str, list[Item]], given: EntityHolds | None) -> list[Lane]:
+        holds = self._take(groups, given)
         lanes = []
         for entity_key, items in groups.items():
             if holds.held(entity_key):
@@ -99,9 +105,14 @@ class Lanes:
                     item.pending = _busy(item)
         return lanes
 
-    def _take(self, groups: Mapping[str, list[Item]]) -> EntityHolds:
-        takes = {key: _take(items) for key, items in groups.items()}
+    def _take(self, groups: Mapping[str, list[Item]], given: EntityHolds | None) -> EntityHolds:
+        takes = {key: _take(items) for key, items in groups.items()
+                 if given is None or not given.held(key)}
+        if given is not None and not takes:
+            return given
         holds = self.store.take_entities(takes, self.now())
+        if given is not None:
+            holds = _merged(given, holds, list(takes))
         busy = [key for key in takes if not holds.held(key)]
         for _ in range(round(self.wait / _POLL)):
             if not busy:
@@ -157,6 +168,17 @@ def _busy(item: Item) -> Pending:
     return Pending(Finish(item.key, item.claim.owner, unclaim=True),
                    Result(Outcome.IN_PROGRESS, key=item.key, event_type=item.event_type,
                           attempt=item.claim.attempt - 1, error="EntityBusy"))
+
+
+def _groups(items: Sequence[Item]) -> dict[str, list[Item]]:
+    """The ordered items by entity, each entity's in position order (ties by key)."""
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        if (order := _ordering(item)) is not None:
+            groups.setdefault(order.entity_key, []).append(item)
+    for members in groups.values():
+        members.sort(key=lambda item: (_order(item).position, item.key))
+    return groups
 
 
 def _take(items: Sequence[Item]) -> EntityTake:

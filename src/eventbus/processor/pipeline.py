@@ -54,7 +54,7 @@ from eventbus.processor.rejections import Rejections, brief, existing
 from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
 from eventbus.store import documents
-from eventbus.store.base import EntityRelease, EventStore, Finish
+from eventbus.store.base import EntityHolds, EntityRelease, EventStore, Finish
 from eventbus.store.documents import parking
 
 logger = logging.getLogger("eventbus")
@@ -125,7 +125,7 @@ class Processor:
         try:
             self._locate(items)
             self._refuse(items)
-            self._handle(self._claim(items), alone=len(items) == 1)
+            self._handle(*self._claim(items), alone=len(items) == 1)
         except StoreUnavailable as exc:
             logger.warning("store unavailable: %s", exc)
             for item in items:
@@ -154,20 +154,23 @@ class Processor:
                     assert item.located is not None and item.located.error is not None
                     item.result = self.rejections.reject(item.located, item.located.error)
 
-    def _claim(self, items: list[Item]) -> list[Item]:
+    def _claim(self, items: list[Item]) -> tuple[list[Item], EntityHolds | None]:
         wanted = [item for item in items
                   if item.result is None and item.leader is None and item.routed]
         if not wanted:
-            return []
+            return [], None
+        # Ordered handlers' entities are held in the claim's own round trips.
+        takes = self.lanes.takes(wanted) if any(
+            item.located is not None and item.located.order for item in wanted) else None
         with self._around("claim", wanted) if self.middleware else _NOTHING:
             batch = self.store.claim_many({item.key: item.located.fields for item in wanted
-                                           if item.located is not None}, self.now())
+                                           if item.located is not None}, self.now(), takes)
         for item in wanted:
             item.claim = batch.taken.get(item.key)
             if item.claim is None:
                 item.result = self._not_taken(item, batch.records.get(item.key),
                                               item.key in batch.refused)
-        return [item for item in wanted if item.claim is not None]
+        return [item for item in wanted if item.claim is not None], batch.holds
 
     def _not_taken(self, item: Item, record: Mapping[str, Any] | None,
                    refused: bool) -> Result:
@@ -180,11 +183,11 @@ class Processor:
             return self.rejections.conflict(item.located, record)
         return existing(record, item.located)
 
-    def _handle(self, claimed: list[Item], alone: bool) -> None:
+    def _handle(self, claimed: list[Item], holds: EntityHolds | None, alone: bool) -> None:
         if not claimed:
             return
         ordered = any(item.located is not None and item.located.order for item in claimed)
-        lanes = self.lanes.of(claimed) if ordered else [Lane([item]) for item in claimed]
+        lanes = self.lanes.of(claimed, holds) if ordered else [Lane([item]) for item in claimed]
         owners = {item.key: item.claim.owner for item in claimed if item.claim is not None}
         entities = {lane.entity_key: lane.owner for lane in lanes if lane.entity_key}
         with self.heartbeat.hold(owners, entities) as leases:

@@ -49,6 +49,12 @@ class BatchClaim:
     """Key → its record, for the keys not taken (a duplicate, a conflict, held elsewhere)."""
     refused: frozenset[str] = frozenset()
     """Keys whose fields the store refused for their content (``ContentRejected`` for one)."""
+    holds: EntityHolds | None = None
+    """The entities ``claim_many(..., takes=)`` held for the taken keys (None: none asked).
+
+    Only entities held by this claim are in it; an entity it could not hold
+    (busy, ahead, or a holder's lease ran out) is left to ``take_entities``.
+    """
 
 
 def claim_of_one(claim: Callable[[str, Mapping[str, Any], datetime], Claim], key: str,
@@ -193,12 +199,20 @@ class EventStore(Protocol):
         ...
 
     # -- batches (the processor's claim and finish stages) -------------------------------
-    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
+    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime,
+                   takes: Mapping[str, EntityTake] | None = None) -> BatchClaim:
         """Claim every key of ``items`` (key → ``fields`` as for ``claim``) at once.
 
         The rules are ``claim``'s, key by key; the keys taken share one owner.
         One key costs what ``claim`` costs (one round trip). Raises
         ``StoreUnavailable`` when the store cannot be asked at all.
+
+        ``takes`` (entity key → ``EntityTake``, as for ``take_entities``): also
+        hold those entities in the same round trips where the store can
+        (``BatchClaim.holds``): a new entity, or one nobody holds whose applied
+        position is at most the lowest of its take. An entity none of whose
+        keys was taken is never left held. A new ordered event then costs
+        what an unordered one costs in round trips.
         """
         ...
 

@@ -60,8 +60,31 @@ class MemoryBatchMixin:
 
         _lease: timedelta
 
-    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime) -> BatchClaim:
-        """Claim every key at once, one owner for the batch (``EventStore.claim_many``)."""
+    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime,
+                   takes: Mapping[str, EntityTake] | None = None) -> BatchClaim:
+        """Claim every key at once, one owner for the batch (``EventStore.claim_many``).
+
+        ``takes``: each entity with a taken key is then held if a hold may hold
+        it (``documents.holdable``: new, or free and not ahead), as on MongoDB.
+        """
+        batch = self._claim_events(items, now)
+        if takes is None:
+            return batch
+        owner, held = uuid.uuid4().hex, {}
+        now = documents.bson_time(now)
+        with self._lock:
+            for key, take in takes.items():
+                record = self._events.get(key)
+                if any(k in batch.taken for k in take.keys) and \
+                        documents.holdable(record, min(take.positions)):
+                    fields = documents.held_record(key, take.entity, owner, now, self._lease,
+                                                   take.keys, take.positions)
+                    self._events.setdefault(key, {}).update(fields)
+                    held[key] = copy.deepcopy(fields)
+        return BatchClaim(batch.taken, batch.records, batch.refused, EntityHolds(owner, held))
+
+    def _claim_events(self, items: Mapping[str, Mapping[str, Any]],
+                      now: datetime) -> BatchClaim:
         if len(items) == 1:
             return claim_of_one(self.claim, *next(iter(items.items())), now)
         owner, taken, records, refused = uuid.uuid4().hex, {}, {}, set()

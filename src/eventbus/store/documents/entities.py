@@ -20,6 +20,14 @@ whose holder's lease ran out (that holder's events become the ``orphan``: the
 new holder reads their records and applies the newest that succeeded, so a
 crash between an event's SUCCESS and its release never lets an older event
 through). A release (``release_update``) stores the new position and frees it.
+
+A **hold** (``hold_filter`` / ``hold_update``, an upsert) is the take's cheap
+form, for the common cases only, sent in the claim's own write command: it
+inserts a new entity held, or holds an existing one that nobody holds and
+whose applied position is at most the lowest position of the take (so none
+of the take's events is stale, and no orphan exists: a release unsets both).
+Any other entity (held, expired holder, ahead) makes the upsert's insert fail
+on the unique key, and is taken the full way (``take_pipeline``) after.
 """
 
 from __future__ import annotations
@@ -84,6 +92,46 @@ def take_pipeline(entity: Mapping[str, Any], owner: str, now: datetime, lease: t
                       "lastUpdatedTime": {"$cond": ["$__eventbus_free", epoch_ms(now),
                                                     "$lastUpdatedTime"]}}},
             {"$unset": ["__eventbus_free"]}]
+
+
+def hold_filter(entity_key: str, lowest: Any) -> dict[str, Any]:
+    """Match the entity only when nobody holds it and its position is at most ``lowest``.
+
+    Not an equality on the key alone, so a store never retries the upsert's
+    duplicate key (MongoDB retries only queries of equalities on exactly the
+    unique index's fields): the error is the answer "not held by this hold".
+    """
+    return {"idempotency_key": entity_key, "holder": {"$exists": False},
+            "$or": [{"position": {"$exists": False}}, {"position": {"$lte": lowest}}]}
+
+
+def holdable(record: Mapping[str, Any] | None, lowest: Any) -> bool:
+    """True when a hold holds the entity of ``record`` (None: new). Mirrors ``hold_filter``."""
+    if record is None:
+        return True
+    position = record.get("position")
+    return "holder" not in record and (position is None or position <= lowest)
+
+
+def hold_update(entity: Mapping[str, Any], owner: str, now: datetime, lease: timedelta,
+                keys: Sequence[str], positions: Sequence[Any]) -> dict[str, Any]:
+    """The update of a hold (an upsert under ``hold_filter``): set the holder."""
+    now = bson_time(now)
+    return {"$set": {"holder": {"owner": owner, "until": bson_time(now + lease),
+                                "keys": list(keys), "positions": list(positions)},
+                     "lastUpdatedTime": epoch_ms(now)},
+            "$setOnInsert": {RECORD_TYPE: ENTITY, "entity": dict(entity)}}
+
+
+def held_record(entity_key: str, entity: Mapping[str, Any], owner: str, now: datetime,
+                lease: timedelta, keys: Sequence[str], positions: Sequence[Any]) -> dict[str, Any]:
+    """The record a hold (or the insert of a new entity) leaves, as far as its holder needs it.
+
+    Its applied position is left out: a hold matched only an entity at or
+    below the take's lowest position, so no event of the take is stale.
+    """
+    return {"idempotency_key": entity_key,
+            **taken_fields(None, entity, owner, now, lease, keys, positions)}
 
 
 def holder_filter(entity_key: str, owner: str) -> dict[str, Any]:

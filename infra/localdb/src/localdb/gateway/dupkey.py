@@ -93,6 +93,20 @@ def equality_fields(query: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def only_equalities(query: Mapping[str, Any]) -> bool:
+    """True when every condition of `query` is an equality ({f: v}, {f: {$eq: v}}, in $and)."""
+    for name, value in query.items():
+        if name == "$and" and isinstance(value, list):
+            if not all(isinstance(c, Mapping) and only_equalities(c) for c in value):
+                return False
+        elif str(name).startswith("$"):
+            return False
+        elif isinstance(value, Mapping) and any(str(k).startswith("$") for k in value) \
+                and set(value) != {"$eq"}:
+            return False
+    return True
+
+
 def upsert_document(statement: Mapping[str, Any]) -> dict[str, Any]:
     """Best guess at what an update statement wrote: query equalities plus set fields."""
     doc = _expand(equality_fields(statement.get("q") or statement.get("query") or {}))

@@ -9,8 +9,10 @@ Retries, as MongoDB's server does them, outside transactions only (inside
 one, PostgreSQL has already aborted the transaction):
 - Upserts: two concurrent upserts on the same unique key both find nothing
   and both insert; one gets a duplicate key. MongoDB retries such an upsert
-  when its query pins every field of the violated unique index with an
-  equality (the retry finds and updates the winner's document).
+  when its query is equalities on exactly the fields of the violated unique
+  index (the retry finds and updates the winner's document); a query with
+  any other condition gets its duplicate key at once (a conditional upsert
+  of a document in another state: a retry would fail the same way).
 - Write conflicts: a statement PostgreSQL chose as a deadlock victim (or
   that hit a serialization failure) did nothing; MongoDB retries write
   conflicts of single-document writes internally, so drivers never see them.
@@ -173,10 +175,17 @@ def _back_off(attempt: int, error: Mapping[str, Any]) -> None:
 
 
 def _pins(query: Any, pattern: Mapping[str, Any] | None) -> bool:
-    """True when `query` has an equality on every field of the index key `pattern`."""
-    if not isinstance(query, Mapping) or not pattern:
+    """True when `query` is equalities on exactly the fields of the index key `pattern`.
+
+    MongoDB's rule for retrying an upsert's duplicate key: the query is one
+    equality or an AND of equalities, on the unique index's fields and no
+    others. A query with any other condition (an upsert meant to insert only
+    when a document is in some state) gets the duplicate key back at once:
+    retrying it would find the same document in the same state.
+    """
+    if not isinstance(query, Mapping) or not pattern or not dupkey.only_equalities(query):
         return False
-    return set(pattern) <= set(dupkey.equality_fields(query))
+    return set(pattern) == set(dupkey.equality_fields(query))
 
 
 def _merge(result: Mapping[str, Any], error: Mapping[str, Any], retry: Mapping[str, Any],
