@@ -233,22 +233,22 @@ class Processor:
                 and item.pending is not None and item.pending.finish.outbox]
         if hook is None or not sent:
             return
-        outboxes = [(item.key, item.pending.finish.outbox) for item in sent
-                    if item.pending is not None]
         # A hook that takes a batch (the inline relay's relay_many) gets it at once, to
         # publish the parents' children side by side rather than one after another.
         many: Callable[[Sequence[tuple[str, Sequence[Mapping[str, Any]]]]], None] | None = \
-            getattr(hook, "relay_many", None) if len(outboxes) > 1 else None
+            getattr(hook, "relay_many", None) if len(sent) > 1 else None
         with self._around("relay", sent) if self.middleware else _NOTHING:
             if many is not None:
                 try:
-                    many(outboxes)
+                    many([(item.key, item.pending.finish.outbox) for item in sent
+                          if item.pending is not None])
                 except Exception:  # as _run_hook: the batch is processed whatever happens
                     logger.exception("after_success hook failed for a batch of %d; left to "
-                                     "the sweeper", len(outboxes))
+                                     "the sweeper", len(sent))
                 return
-            for key, outbox in outboxes:
-                _run_hook(hook, key, outbox)
+            for item in sent:
+                if item.pending is not None:
+                    _run_hook(hook, item.key, item.pending.finish.outbox)
 
     # -- one handler ------------------------------------------------------------------
     def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:

@@ -99,12 +99,15 @@ def only_equalities(query: Mapping[str, Any]) -> bool:
         if name == "$and" and isinstance(value, list):
             if not all(isinstance(c, Mapping) and only_equalities(c) for c in value):
                 return False
-        elif str(name).startswith("$"):
-            return False
-        elif isinstance(value, Mapping) and any(str(k).startswith("$") for k in value) \
-                and set(value) != {"$eq"}:
+        elif str(name).startswith("$") or not _is_equality(value):
             return False
     return True
+
+
+def _is_equality(value: Any) -> bool:
+    """True for a plain value or ``{"$eq": v}``; False for any other operator document."""
+    operators = isinstance(value, Mapping) and any(str(k).startswith("$") for k in value)
+    return not operators or set(value) == {"$eq"}
 
 
 def upsert_document(statement: Mapping[str, Any]) -> dict[str, Any]:
