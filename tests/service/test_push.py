@@ -185,6 +185,16 @@ def test_too_large_is_413(make_harness: Make) -> None:
     assert response.status_code == 413 and response.json["error"] == "payload_too_large"
 
 
+@pytest.mark.parametrize("declared", ["\u00b2", "9" * 5000, "-5", "1e9", " 12"])
+def test_a_hostile_content_length_is_never_a_500(make_harness: Make, declared: str) -> None:
+    # "²" passes str.isdigit() and 5,000 digits exceed int()'s limit: neither may reach int().
+    h = make_harness(router=Router(), max_body_bytes=1000)
+    response = h.client.post("/", data=b'{"a": 1}', content_type="application/json",
+                             environ_overrides={"CONTENT_LENGTH": declared})
+    assert 400 <= response.status_code < 500, response.json
+    assert h.store.summaries() == []
+
+
 def test_health_and_unknown_routes_answer_json(make_harness: Make) -> None:
     h = make_harness(router=Router())
     assert h.client.get("/health").json == {"status": "ok"}

@@ -94,7 +94,7 @@ class PushService:
                  request_id: str) -> Result:
         if self.authenticator is not None:
             self.authenticator.verify(headers.get("authorization", ""))
-        body = _read_body(request, headers, self.settings.max_body_bytes)
+        body = _read_body(request, self.settings.max_body_bytes)
         delivery = parse_delivery(body, headers)
         self.ensure_indexes()
         return self.processor.process(delivery, request_id)
@@ -104,15 +104,15 @@ def _headers(environ: dict[str, Any]) -> dict[str, str]:
     # The request's headers, lowercased, in one pass over the WSGI environ.
     found = {name[5:].replace("_", "-").lower(): value for name, value in environ.items()
              if name.startswith("HTTP_")}
-    for name, key in (("CONTENT_TYPE", "content-type"), ("CONTENT_LENGTH", "content-length")):
-        if environ.get(name):
-            found[key] = environ[name]
+    if environ.get("CONTENT_TYPE"):
+        found["content-type"] = environ["CONTENT_TYPE"]
     return found
 
 
-def _read_body(request: flask.Request, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+def _read_body(request: flask.Request, limit: int) -> bytes:
+    # werkzeug parses Content-Length (a hostile one, e.g. "²" or 5,000 digits, is None).
+    declared = request.content_length
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds {limit}")
     body = request.stream.read(limit + 1)
     if len(body) > limit:
