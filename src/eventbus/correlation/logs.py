@@ -88,13 +88,12 @@ class JsonLineHandler(logging.StreamHandler):
     def __init__(self, stream: TextIO, formatter: JsonFormatter) -> None:
         super().__init__(stream)
         self.setFormatter(formatter)
-        self.json = formatter
 
-    def write_line(self, level: int, message: str, logger: str,
+    def write_line(self, formatter: JsonFormatter, level: int, message: str, logger: str,
                    fields: Mapping[str, Any]) -> None:
-        """Write one line as ``emit`` would, without a ``LogRecord``."""
+        """Write one line as ``emit`` would (``formatter``: this handler's), without a record."""
         try:
-            text = self.json.line(logging.getLevelName(level), message, logger, time.time(),
+            text = formatter.line(logging.getLevelName(level), message, logger, time.time(),
                                   fields)
             self.acquire()
             try:
@@ -139,8 +138,8 @@ def request_line(fields: Mapping[str, Any]) -> None:
     message = f"{fields.get('method')} {fields.get('path')} {fields.get('status')}"
     extra = {"logType": "REQUEST_INBOUND", **fields}
     direct = _direct_handler(level)
-    if direct is not None:
-        direct.write_line(level, message, _REQUESTS.name, extra)
+    if direct is not None and isinstance(direct.formatter, JsonFormatter):
+        direct.write_line(direct.formatter, level, message, _REQUESTS.name, extra)
         return
     # makeRecord + handle, not log(): the line's caller is always this
     # function, so the frame walk that log() does to find it is skipped.

@@ -169,8 +169,7 @@ class Relay:
         """
         chains = ordered_chains(outboxes)
         if self.parallel == 1 or len(chains) == 1:
-            for parent_key, outbox in outboxes:
-                self(parent_key, outbox)
+            self._chain(outboxes)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="eventbus-relay")

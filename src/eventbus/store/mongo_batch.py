@@ -144,11 +144,9 @@ class MongoBatchMixin:
         pinned = {"idempotency_key": key, "lease_owner": owner}
         claim = UpdateOne(pinned, {"$setOnInsert": {name: value for name, value in record.items()
                                                      if name not in pinned}}, upsert=True)
-        hold = UpdateOne(documents.hold_filter(entity_key, min(take.positions)),
-                         documents.hold_update(take.entity, owner, now, self._lease, take.keys,
-                                               take.positions), upsert=True)
         with unavailable("claim", key):
-            failed = _ordered_errors(self._collection, [claim, hold])
+            failed = _ordered_errors(self._collection,
+                                     [claim, self._hold_one(entity_key, take, owner, now)])
         if 0 in failed:  # the event exists (or its content is refused): the usual claim
             return self._with_holds(claim_of_one(self.claim, key, fields, now),
                                     {entity_key: take}, now)
@@ -174,12 +172,17 @@ class MongoBatchMixin:
         """Hold the existing entities ``keys`` that are free and not ahead: one bulk write."""
         if not keys:
             return set()
-        failed = _ordered_errors(self._collection, [UpdateOne(
-            documents.hold_filter(key, min(takes[key].positions)),
-            documents.hold_update(takes[key].entity, owner, now, self._lease, takes[key].keys,
-                                  takes[key].positions), upsert=True) for key in keys],
-            ordered=False)
+        failed = _ordered_errors(self._collection,
+                                 [self._hold_one(key, takes[key], owner, now) for key in keys],
+                                 ordered=False)
         return {key for index, key in enumerate(keys) if index not in failed}
+
+    def _hold_one(self, entity_key: str, take: EntityTake, owner: str,
+                  now: datetime) -> UpdateOne:
+        """The conditional upsert that holds one entity (``documents.hold_filter``)."""
+        return UpdateOne(documents.hold_filter(entity_key, min(take.positions)),
+                         documents.hold_update(take.entity, owner, now, self._lease, take.keys,
+                                               take.positions), upsert=True)
 
     def _kept(self, batch: BatchClaim, takes: Mapping[str, EntityTake], held: set[str],
               owner: str, now: datetime, records: Mapping[str, Record]) -> BatchClaim:
