@@ -126,10 +126,14 @@ def test_one_failure_never_fails_the_batch() -> None:
 
 def test_a_hook_that_takes_a_batch_gets_every_parent_of_it_at_once() -> None:
     class BatchHook:
-        """An ``after_success`` with ``relay_many`` (the inline relay's shape)."""
+        """An ``after_success`` with ``relay_many`` and ``close`` (the inline relay's shape)."""
 
         def __init__(self) -> None:
             self.calls: list[list[tuple[str, str, int]]] = []
+            self.closed = False
+
+        def close(self) -> None:
+            self.closed = True
 
         def __call__(self, key: str, outbox: Any) -> None:
             self.calls.append([(key, "", len(outbox))])
@@ -151,6 +155,9 @@ def test_a_hook_that_takes_a_batch_gets_every_parent_of_it_at_once() -> None:
     assert hook.calls == [[(results[0].key, "SUCCESS", 1), (results[2].key, "SUCCESS", 1)]]
     results = worker.run_batch([message(4)])  # one parent: the per-parent hook
     assert hook.calls[1:] == [[(results[0].key, "", 1)]]
+    assert not hook.closed
+    worker.processor.close()  # the worker's end stops the hook's threads too
+    assert hook.closed
 
 
 def test_duplicates_in_and_across_batches_run_once() -> None:

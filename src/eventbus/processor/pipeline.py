@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from eventbus.breaker import Partners
 from eventbus.correlation import tracecontext
@@ -60,7 +60,26 @@ from eventbus.store.documents import parking
 logger = logging.getLogger("eventbus")
 
 AfterSuccess = Callable[[str, Sequence[Mapping[str, Any]]], None]
+Outboxes = Sequence[tuple[str, Sequence[Mapping[str, Any]]]]
+"""A batch's SUCCESS parents with children: ``(parent_key, outbox)`` each."""
 _NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+@runtime_checkable
+class BatchAfterSuccess(Protocol):
+    """An ``after_success`` hook that also takes a batch at once (the inline ``Relay``)."""
+
+    def __call__(self, parent_key: str, outbox: Sequence[Mapping[str, Any]]) -> None:
+        """Handle one parent's children."""
+        ...
+
+    def relay_many(self, outboxes: Outboxes) -> None:
+        """Handle a batch's parents at once; never raises for a parent."""
+        ...
+
+    def close(self) -> None:
+        """Stop the threads it keeps for batches."""
+        ...
 
 
 class Clock(Protocol):
@@ -116,9 +135,11 @@ class Processor:
         return [item.result or _unavailable("no result") for item in items]
 
     def close(self) -> None:
-        """Stop the handler threads of batches (after the batch in flight)."""
+        """Stop the handler threads of batches (after the batch in flight), and the hook's."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if isinstance(self.after_success, BatchAfterSuccess):
+            self.after_success.close()
 
     # -- the stages -------------------------------------------------------------------
     def _stages(self, items: list[Item]) -> None:
@@ -235,13 +256,12 @@ class Processor:
             return
         # A hook that takes a batch (the inline relay's relay_many) gets it at once, to
         # publish the parents' children side by side rather than one after another.
-        many: Callable[[Sequence[tuple[str, Sequence[Mapping[str, Any]]]]], None] | None = \
-            getattr(hook, "relay_many", None) if len(sent) > 1 else None
+        batch = hook if len(sent) > 1 and isinstance(hook, BatchAfterSuccess) else None
         with self._around("relay", sent) if self.middleware else _NOTHING:
-            if many is not None:
+            if batch is not None:
                 try:
-                    many([(item.key, item.pending.finish.outbox) for item in sent
-                          if item.pending is not None])
+                    batch.relay_many([(item.key, item.pending.finish.outbox) for item in sent
+                                      if item.pending is not None])
                 except Exception:  # as _run_hook: the batch is processed whatever happens
                     logger.exception("after_success hook failed for a batch of %d; left to "
                                      "the sweeper", len(sent))
