@@ -35,6 +35,7 @@ The layers, each a package that says what it may import:
                          outbound call (the standard library only);
 * ``eventbus.telemetry`` spans and metrics on OpenTelemetry's SDK (off: no-ops);
 * ``eventbus.outbox``    children: the relay and its sweeper;
+* ``eventbus.clock``     time in one place: the store's clock, lease arithmetic, waits;
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
 * ``eventbus.breaker``   a breaker and a shared rate per partner (``context.partner``),
                          kept in the store; its refusals park events;

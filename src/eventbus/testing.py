@@ -59,6 +59,10 @@ class FakeClock:
         """Wait ``seconds`` on this clock: move it and return at once (``eventbus.breaker``)."""
         self.advance(seconds)
 
+    def monotonic(self) -> float:
+        """Seconds on this clock, for code that times its own waits."""
+        return self.moment.timestamp()
+
 
 @dataclasses.dataclass(frozen=True)
 class Message:
@@ -129,7 +133,8 @@ class LocalBus:
         self.settings = settings or Settings(relay_inline=False)
         self.clock = clock or FakeClock()
         self.store: EventStore = store if store is not None else MemoryEventStore(
-            lease=dt.timedelta(seconds=self.settings.lease_seconds), database=database)
+            lease=dt.timedelta(seconds=self.settings.lease_seconds), database=database,
+            clock=self.clock)
         self.publisher = CapturingPublisher()
         self.relay = Relay(self.store, self.publisher, now=self.clock, sleep=lambda _: None,
                            telemetry=telemetry)

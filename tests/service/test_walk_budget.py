@@ -26,8 +26,9 @@ from eventbus.store.memory import MemoryEventStore
 
 LIBRARY = str(Path(__file__).resolve().parents[2] / "src" / "eventbus") + "/"
 ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
-FILES_BUDGET = 24
-"""Measured 24 on 2026-11-25 (25 before the one-pipeline change, by the same profile)."""
+FILES_BUDGET = 25
+"""Measured 25 on 2026-11-26: time got one module of its own (``eventbus.clock``, issue 30;
+24 on 2026-11-25, 25 before the one-pipeline change, by the same profile)."""
 CALLS_BUDGET = 420
 """Measured 420 on 2026-11-26: 412 after the one-pipeline change (398 before it), then the
 request scope and the store's error rule as classes, the claim's entity holds and the

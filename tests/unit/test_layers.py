@@ -40,11 +40,13 @@ PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/mongo_batch.py",
 FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
+                      "eventbus.clock",
                       "eventbus.breaker",
                       "eventbus.store.documents", "eventbus.processor", "eventbus.outbox",
                       "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers",
                       "eventbus.assembly", "eventbus.correlation")
 PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
+                        "eventbus.clock",
                         "eventbus.store.documents", "eventbus.store", "eventbus.guard",
                         "eventbus.breaker", "eventbus.correlation", "eventbus.processor")
 TELEMETRY_MAY_IMPORT = ("eventbus.settings", "eventbus.correlation", "eventbus.model",

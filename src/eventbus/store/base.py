@@ -162,6 +162,10 @@ class EventStore(Protocol):
         """The database handlers use for their own effects (None when there is none)."""
         ...
 
+    def now(self) -> datetime:
+        """The store's clock (``eventbus.clock``): what every lease and window is measured on."""
+        ...
+
     def ensure_indexes(self) -> None:
         """Prepare the store (indexes); a no-op when it is ready."""
         ...

@@ -21,6 +21,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventbus.clock import Now, utcnow
 from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
@@ -42,7 +43,9 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
     """The store primitives on a dict; safe to share between threads."""
 
     def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",
-                 retention: timedelta = timedelta(days=30), database: Any = None) -> None:
+                 retention: timedelta = timedelta(days=30), database: Any = None,
+                 clock: Now = utcnow) -> None:
+        self._clock = clock
         self._events: dict[str, Record] = {}
         self._guards: dict[str, Record] = {}
         self._partners: dict[str, Record] = {}
@@ -59,6 +62,10 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
     def database(self) -> Any:
         """The database handlers use for their own effects, as given (default None)."""
         return self._database
+
+    def now(self) -> datetime:
+        """The store's clock: the one it was given (a test's ``FakeClock``), at BSON's grain."""
+        return documents.bson_time(self._clock())
 
     def ensure_indexes(self) -> None:
         """Nothing to prepare in memory."""

@@ -27,6 +27,7 @@ from pymongo.collection import Collection
 from pymongo.database import Database
 from pymongo.errors import DuplicateKeyError
 
+from eventbus.clock import ServerClock, Shift
 from eventbus.model.errors import (
     AlreadyExists,
     Conflict,
@@ -69,8 +70,10 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
     def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,
                  lease: timedelta, guard_collection: str = "side_effects",
                  round_trips: RoundTrips | None = None,
-                 partner_collection: str = "partners") -> None:
+                 partner_collection: str = "partners", shift: Shift | None = None) -> None:
         self._collection = collection
+        self._shift = shift or Shift()
+        self._clock = ServerClock(self._server_time, shift=self._shift)
         self._guards: Collection = collection.database[guard_collection]
         self._partners: Collection = collection.database[partner_collection]
         self._created_by = created_by
@@ -80,12 +83,14 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
 
     @classmethod
     def from_settings(cls, settings: Settings, client: MongoClient | None = None, *,
-                      count_round_trips: bool = False) -> MongoEventStore:
+                      count_round_trips: bool = False,
+                      shift: Shift | None = None) -> MongoEventStore:
         """Build the store from ``settings``, with a new client unless one is given.
 
         A new client is tz-aware and times out after ``store_timeout_ms``; with
         ``count_round_trips`` it also reports every command to the store's own
         ``round_trips`` (tests and benches). A given client is used as it is.
+        ``shift`` moves the store's clock (tests; see ``eventbus.clock.Shift``).
         """
         counter = RoundTrips() if count_round_trips else None
         with _unavailable("connect to", settings.mongodb_db):
@@ -95,7 +100,7 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
                    retention=timedelta(days=settings.retention_days),
                    lease=timedelta(seconds=settings.lease_seconds),
                    guard_collection=settings.guard_collection, round_trips=counter,
-                   partner_collection=settings.partner_collection)
+                   partner_collection=settings.partner_collection, shift=shift)
 
     @property
     def round_trips(self) -> RoundTrips:
@@ -123,6 +128,15 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
     def lease(self) -> timedelta:
         """How long a claim holds its record before another worker may take it."""
         return self._lease
+
+    def now(self) -> datetime:
+        """The store's clock: the server's, as last read, plus monotonic time since."""
+        return self._clock()
+
+    def _server_time(self) -> datetime:
+        with _unavailable("read the clock of", self._collection.name):
+            moment = self._collection.database.client.admin.command("hello")["localTime"]
+        return documents.bson_time(moment)
 
     def ensure_indexes(self) -> None:
         """Create the collection's indexes; a no-op when they already exist."""

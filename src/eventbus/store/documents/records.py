@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from eventbus.clock import bson_time
 from eventbus.model import content, keys
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent
@@ -42,17 +43,6 @@ REJECTION_FIELDS = ("error", "event_type", "event_version", "entity_data", "payl
 
 AUDIT_FIELDS = ("created", "createdBy", "expire_at", "event_day_id")
 """Written once, when a record is new: a corrected payload taking a rejected record keeps them."""
-
-
-def bson_time(moment: datetime) -> datetime:
-    """Return ``moment`` as BSON stores it: UTC, aware, truncated to the millisecond.
-
-    Comparing in Python at a finer grain than the server would let the two
-    halves of the claim rule disagree. A naive datetime is taken as UTC, as
-    pymongo does.
-    """
-    aware = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-    return aware.replace(microsecond=aware.microsecond // 1000 * 1000)
 
 
 def epoch_ms(moment: datetime) -> str:
