@@ -52,6 +52,9 @@ if [ -n "$db_job" ]; then
 fi
 # The console's browser tests drive Debian's Chromium (never a downloaded build).
 command -v chromium >/dev/null 2>&1 || { phase "chromium"; apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || echo "test: could not install chromium; the browser tests need it" >&2
+# The clock-skew tests shift a service's wall clock with Debian's libfaketime (infra/faketime;
+# gcc builds its shim into var/ when they start).
+[ -n "$(ls /usr/lib/*/faketime/libfaketimeMT.so.1 2>/dev/null)" ] || { phase "faketime"; apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; } || echo "test: could not install faketime; the clock-skew tests need it" >&2
 
 # In a process group of its own (setsid), so that an interrupted run stops all of it, and
 # at a lower CPU priority (nice): they take what the main suite leaves idle, and never

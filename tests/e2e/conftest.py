@@ -12,6 +12,9 @@
 - ``push_route``: a factory, ``push_route(emulator, endpoint, **policy) ->
   PushRoute`` (see harness.PushRoute.create for the policy keywords); the
   topic and subscriptions are deleted after the test.
+- ``clock_shift`` (session): a ``ClockShift``; ``clock_shift.env(600)`` added to
+  a service's ``env`` starts it with its wall clock 10 minutes ahead. Needs
+  gcc and Debian's ``faketime`` (``infra/test.sh`` installs it).
 
 When a test fails, the tail of each service's log (and of the emulator's) is
 added to its report. Under ``CI=true`` a fixture that cannot start its server
@@ -28,11 +31,13 @@ from typing import Any
 
 import pytest
 
+from infra import faketime
 from infra.pubsub.probe import UP, ping
 from infra.pubsub.resources import Admin
 from tests.e2e.harness import (
     E2E_PROJECT,
     PROJECT_ROOT,
+    ClockShift,
     EmulatorError,
     EmulatorScript,
     PushRoute,
@@ -176,3 +181,15 @@ def push_route() -> Iterator[Callable[..., PushRoute]]:
         route.delete()
     for admin in admins.values():
         admin.close()
+
+
+@pytest.fixture(scope="session")
+def clock_shift() -> ClockShift:
+    """libfaketime and the monosleep shim, built into ``var/faketime`` once per process."""
+    missing = faketime.missing()
+    if missing:
+        unavailable(missing)
+    try:
+        return ClockShift.build()
+    except faketime.FaketimeError as exc:
+        pytest.fail(f"cannot shift a process's clock: {exc}", pytrace=False)

@@ -10,6 +10,7 @@ Plain classes and functions, no pytest fixtures (those are in
 - ``wait_until``: poll until something is true, or fail with what was last seen.
 - ``pull_now``: what a pull subscription holds now (no long poll).
 - ``SharedEmulator``: one emulator for the whole run, whichever xdist worker asks first.
+- ``ClockShift``: the environment that starts a process with its wall clock shifted.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from infra import faketime
 from infra.pubsub.config import PushPolicy
 from infra.pubsub.resources import Admin
 from tests.servers import in_ci as in_ci
@@ -304,6 +306,35 @@ class SharedEmulator:
         if script is not None:
             self.address_file.unlink()
             script.stop()
+
+
+# --- a shifted wall clock ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClockShift:
+    """libfaketime and the monosleep shim (``infra/faketime``), ready to preload.
+
+    ``env(seconds)`` is what to add to a process's environment (a service's
+    ``env``) to start it with its wall clock ``seconds`` ahead (negative:
+    behind), while its monotonic clock, sleeps and timeouts stay the kernel's.
+    """
+
+    shim: Path
+    library: Path
+
+    @classmethod
+    def build(cls, directory: Path = PROJECT_ROOT / "var" / "faketime") -> ClockShift:
+        """Build the shim into ``directory``; ``faketime.FaketimeError`` when it cannot."""
+        problem = faketime.missing()
+        library = faketime.libfaketime()
+        if problem or library is None:
+            raise faketime.FaketimeError(problem or "libfaketime is not installed")
+        return cls(faketime.build_shim(directory), library)
+
+    def env(self, seconds: int) -> dict[str, str]:
+        """The variables that shift a process's wall clock by ``seconds``."""
+        return faketime.shifted_env(seconds, self.shim, self.library)
 
 
 # --- push routes ------------------------------------------------------------
