@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 from collections.abc import Sequence
 
 from eventbus.model.errors import Classifier
@@ -89,7 +88,8 @@ def assemble(router: Router, settings: Settings, store: EventStore | None = None
     """
     telemetry = telemetry or telemetry_from_settings(settings, now=now)
     store = store if store is not None else default_store(settings)
-    now = now or functools.partial(dt.datetime.now, dt.UTC)
+    # Stamps follow the store's clock too, so every time a record holds is on one clock.
+    now = now or store.now
     if after_success is None and settings.relay_inline:
         after_success = inline_relay(settings, store, now, publisher, telemetry)
     processor = Processor(store, router, settings, now, after_success=after_success,

@@ -11,9 +11,13 @@ partner, an e-mail) runs through ``Guard.run(key, effect)``:
 4. **the key set permanently**: SUCCESS with the result; if the effect
    raised, FAILED with the error, the lease released, and the error re-raised.
 
-This narrows duplicate effects to one case: the worker dies (or its lease
-runs out) after the effect happened and before SUCCESS was stored. Passing
-the key on to the other side (an ``Idempotency-Key`` header) closes it.
+The lease is taken and compared on the store's clock, and renewed with the
+handler's (``keep``: the processor's heartbeat) while the effect runs, so a
+partner call longer than the lease is not taken over by a duplicate delivery.
+This narrows duplicate effects to one case: the worker dies (or is frozen
+past its lease, so its renewals stop) after the effect started and before
+SUCCESS was stored. Passing the key on to the other side (an
+``Idempotency-Key`` header) closes it.
 
 May import: ``eventbus.model``, ``eventbus.store.base`` and the pure builders of
 ``eventbus.store.documents``; it talks to the store only through
@@ -22,6 +26,7 @@ May import: ``eventbus.model``, ``eventbus.store.base`` and the pure builders of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
@@ -33,6 +38,13 @@ from eventbus.store.documents import error_document
 
 Effect = Callable[[], Mapping[str, Any] | None]
 """A side effect; what it returns (a mapping, or None for nothing) is stored as its result."""
+Keeper = Callable[[str, str], contextlib.AbstractContextManager[Any]]
+"""Keeps a guard's lease (key, owner) alive for a block: the processor's heartbeat."""
+
+
+def _unkept(key: str, owner: str) -> contextlib.AbstractContextManager[Any]:
+    """No renewal (a guard used outside a processor): the lease runs its length."""
+    return contextlib.nullcontext()
 
 
 class GuardStore(Protocol):
@@ -61,9 +73,10 @@ class Guarded:
 class Guard:
     """Runs side effects at most once per key (see the module docstring)."""
 
-    def __init__(self, store: GuardStore, *, lease: timedelta,
-                 now: Callable[[], datetime]) -> None:
+    def __init__(self, store: GuardStore, *, lease: timedelta, now: Callable[[], datetime],
+                 keep: Keeper | None = None) -> None:
         self.store, self.lease, self.now = store, lease, now
+        self.keep: Keeper = keep or _unkept
 
     def run(self, key: str, effect: Effect, *,
             classify: Callable[[BaseException], str] = lambda exc: "transient") -> Guarded:
@@ -76,7 +89,8 @@ class Guard:
         if done is not None:
             return Guarded(key, dict(done.get("result") or {}), skipped=True)
         try:
-            result = dict(effect() or {})
+            with self.keep(key, owner):
+                result = dict(effect() or {})
         except BaseException as exc:
             # Guarded by the owner: a worker whose lease ran out must not undo
             # the state that the lease's next holder wrote.

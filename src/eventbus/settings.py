@@ -220,7 +220,8 @@ class Settings:
         1.0, env="EVENTBUS_ORDER_WAIT_SECONDS", parse=parse_float,
         doc="How long an event of an ordered handler (`ordered_by`) waits for its entity while "
             "another event of it runs; then it is answered as in progress (503, nacked) and "
-            "comes back later, its attempt not spent.")
+            "comes back later, its attempt not spent. Less than half of "
+            "`EVENTBUS_LEASE_SECONDS`: the claims wait under their lease.")
     redrive_max: int = setting(
         20, env="EVENTBUS_REDRIVE_MAX", parse=parse_int,
         doc="Redrives before an event is given up for good (the attempt cap applies as well).")
@@ -279,8 +280,15 @@ class Settings:
             "`pymongo` (a span per round trip), `none`.")
 
     def __post_init__(self) -> None:
-        """Refuse settings that would serve pushes unauthenticated while auth is on."""
+        """Refuse settings that would serve pushes unauthenticated while auth is on, or that
+        would let an event's claim lapse while it waits for its entity."""
         validate_auth(self.auth_enabled, self.auth_audience, self.auth_service_accounts)
+        # The wait for a busy entity runs under the claims' renewed leases, but a
+        # wait as long as half a lease leaves a single missed renewal no margin.
+        if self.order_wait_seconds * 2 >= self.lease_seconds:
+            raise SettingsError(
+                f"EVENTBUS_ORDER_WAIT_SECONDS ({self.order_wait_seconds:g}) must be less than "
+                f"half of EVENTBUS_LEASE_SECONDS ({self.lease_seconds:g})")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -140,6 +140,7 @@ class LocalBus:
                            telemetry=telemetry)
         self.processor = Processor(self.store, router, self.settings, self.clock,
                                    after_success=self.relay, classifier=classifier,
+                                   sleep=self.clock.sleep, monotonic=self.clock.monotonic,
                                    middleware=telemetry.middleware() if telemetry else ())
         self.results: list[Result] = []
         """Every delivery's result, in the order they ran."""

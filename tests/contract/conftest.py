@@ -3,7 +3,13 @@
 ``store`` is parametrized over ``memory`` (``MemoryEventStore``, no server)
 and ``mongo`` (``MongoEventStore`` on the server of ``tests/conftest.py``,
 a fresh database per test). Both get the same lease, retention and service
-name, so a test states one expectation and both stores must meet it. Under
+name, so a test states one expectation and both stores must meet it.
+
+Time: every store decides leases, holds and due times on its own clock, so
+a test that lets time pass moves **the store's** clock, never the ``now`` it
+hands in (which only stamps audit fields): ask for ``store_clock`` beside
+``store`` and ``advance(seconds)`` it (the memory store's ``FakeClock``, the
+MongoDB store's ``Shift``, both starting at real time). Under
 ``CI=true`` a missing server fails the mongo half (the ``mongo_uri`` rule);
 the memory half never needs one.
 """
@@ -14,10 +20,11 @@ import copy
 import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
+from eventbus.clock import Shift
 from eventbus.model.delivery import Delivery
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.keys import fingerprint
@@ -25,6 +32,7 @@ from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import EventStore
 from eventbus.store.memory import MemoryEventStore
+from eventbus.testing import FakeClock
 
 LEASE = timedelta(seconds=60)
 RETENTION = timedelta(days=30)
@@ -49,18 +57,89 @@ def mongo_settings(uri: str, database: str, **changes: Any) -> Settings:
                        "retention_days": RETENTION / timedelta(days=1), **changes})
 
 
+class StoreClock(Protocol):
+    """What moves a store's clock: ``FakeClock`` (memory) and ``Shift`` (MongoDB) both do."""
+
+    def advance(self, seconds: float) -> None:
+        """Move the store's clock forward by ``seconds``."""
+
+
 @pytest.fixture(params=KINDS)
-def store(request: pytest.FixtureRequest) -> Iterator[EventStore]:
-    """Each implementation of the store protocol in turn, empty and ready."""
+def store_clock(request: pytest.FixtureRequest, now: datetime) -> StoreClock:
+    """The movable clock of ``store`` (the same half): ``advance`` it to let time pass.
+
+    The memory store's starts at real time, at ``now`` itself (a record's
+    ``expire_at`` must stay in the future for the MongoDB TTL, and both halves
+    then agree); MongoDB's is the server's, which keeps running.
+    """
     if request.param == "memory":
-        yield MemoryEventStore(lease=LEASE, created_by=SERVICE, retention=RETENTION)
+        return FakeClock(now)
+    return Shift()
+
+
+class _Along(FakeClock):
+    """A caller's ``FakeClock`` that moves the MongoDB store's ``Shift`` with it."""
+
+    def __init__(self, start: datetime, shift: Shift) -> None:
+        super().__init__(start)
+        self._shift = shift
+
+    def advance(self, seconds: float) -> None:
+        """Move this clock and the store's by ``seconds``."""
+        super().advance(seconds)
+        self._shift.advance(seconds)
+
+
+def caller_clock(store_clock: StoreClock, now: datetime) -> FakeClock:
+    """A ``FakeClock`` for a processor or sweeper over ``store``, starting at ``now``, that moves
+    the store's clock with it (on memory it is the store's clock itself)."""
+    if isinstance(store_clock, FakeClock):
+        return store_clock
+    assert isinstance(store_clock, Shift)
+    return _Along(now, store_clock)
+
+
+SKEW = timedelta(minutes=10)
+"""How far ahead or behind a caller's clock may be without changing any outcome."""
+SLACK = timedelta(seconds=5)
+"""How far the server's clock may have run on during a MongoDB test (it never stops)."""
+
+
+def exact(store_clock: StoreClock) -> bool:
+    """True when the store's clock stands still between calls (memory): times compare exactly."""
+    return isinstance(store_clock, FakeClock)
+
+
+def near(store_clock: StoreClock, actual: Any, expected: datetime) -> bool:
+    """``actual`` is ``expected`` on the store's clock: exactly on memory, within ``SLACK`` on
+    MongoDB, whose clock runs on while the test does."""
+    if not isinstance(actual, datetime):
+        return False
+    if exact(store_clock):
+        return actual == expected
+    return abs(actual - expected) <= SLACK
+
+
+def almost(store_clock: StoreClock, span: timedelta) -> float:
+    """Seconds to ``advance`` to reach the very end of ``span`` (a lease's last instant
+    still holds): all of it on memory, a second short of it on MongoDB, whose clock runs on."""
+    return span.total_seconds() - (0 if exact(store_clock) else 1)
+
+
+@pytest.fixture()
+def store(request: pytest.FixtureRequest, store_clock: StoreClock) -> Iterator[EventStore]:
+    """Each implementation of the store protocol in turn, empty and ready, on ``store_clock``."""
+    if isinstance(store_clock, FakeClock):
+        yield MemoryEventStore(lease=LEASE, created_by=SERVICE, retention=RETENTION,
+                               clock=store_clock)
         return
     from eventbus.store.mongo import MongoEventStore
 
     # Asked for here, not in the signature: the memory half needs no server.
     uri: str = request.getfixturevalue("mongo_uri")
     database = request.getfixturevalue("mongo_db")
-    built = MongoEventStore.from_settings(mongo_settings(uri, database.name))
+    assert isinstance(store_clock, Shift)
+    built = MongoEventStore.from_settings(mongo_settings(uri, database.name), shift=store_clock)
     built.ensure_indexes()
     yield built
     built.close()

@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from eventbus.breaker import CLOSED, HALF_OPEN, OPEN, Partners
+from eventbus.clock import Shift
 from eventbus.model.errors import BreakerOpen, PermanentError, RateLimited, TransientError
 from eventbus.settings import Settings
-from eventbus.store.base import EventStore
+from eventbus.store.base import EventStore, Finish, Finished
+from eventbus.store.documents import parking
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
-from tests.contract.conftest import mongo_settings
+from tests.contract.conftest import StoreClock, caller_clock, mongo_settings
 
 SETTINGS = Settings(breaker_failures=3, breaker_open_seconds=30, breaker_open_cap_seconds=100,
                     breaker_probe_seconds=10, partner_rate_wait_seconds=1.0)
@@ -33,8 +35,10 @@ Twin = Callable[[], EventStore]
 
 
 @pytest.fixture()
-def twin(store: EventStore, request: pytest.FixtureRequest) -> Iterator[Twin]:
-    """Make another store object on the same data: another instance, or one restarted."""
+def twin(store: EventStore, store_clock: StoreClock,
+         request: pytest.FixtureRequest) -> Iterator[Twin]:
+    """Make another store object on the same data: another instance, or one restarted (on the
+    same store clock: one server)."""
     made: list[EventStore] = []
 
     def make() -> EventStore:
@@ -43,8 +47,9 @@ def twin(store: EventStore, request: pytest.FixtureRequest) -> Iterator[Twin]:
         from eventbus.store.mongo import MongoEventStore
 
         database = store.database.name
+        assert isinstance(store_clock, Shift)
         other = MongoEventStore.from_settings(
-            mongo_settings(request.getfixturevalue("mongo_uri"), database))
+            mongo_settings(request.getfixturevalue("mongo_uri"), database), shift=store_clock)
         made.append(other)
         return other
 
@@ -54,8 +59,9 @@ def twin(store: EventStore, request: pytest.FixtureRequest) -> Iterator[Twin]:
 
 
 @pytest.fixture()
-def clock(now: datetime) -> FakeClock:
-    return FakeClock(now)
+def clock(store_clock: StoreClock, now: datetime) -> FakeClock:
+    """The instances' clock, started at real time; moving it moves the store's clock too."""
+    return caller_clock(store_clock, now)
 
 
 def partners(store: EventStore, clock: FakeClock, settings: Settings = SETTINGS) -> Partners:
@@ -250,8 +256,12 @@ def test_parked_events_are_counted_by_partner(store: EventStore, now: datetime) 
     for index, key in enumerate(keys):
         claim = store.claim(key, FIELDS, now)
         parked = {"type": "BreakerOpen", "message": "open", "classification": "parked",
-                  "partner": "acme" if index else "globex", "until": now, "parks": 1}
-        store.fail(key, claim.owner, now, parked, retryable=True, redrive_at=now)
+                  "partner": "acme" if index else "globex", "until": now}
+        assert store.finish_many([Finish(key, claim.owner, error=parked, retryable=True,
+                                         redrive_at=now, parked=True)], now) == Finished()
+        record = store.get(key) or {}
+        assert record["parks"] == parking.parks(record) == 1  # counted beside the error
+        assert parking.is_parked(record)
     other = new_key()
     store.fail(other, store.claim(other, FIELDS, now).owner, now,
                {"type": "X", "message": "", "classification": "transient"}, retryable=True)
@@ -266,13 +276,15 @@ def test_unpark_makes_a_partners_parked_events_due_now(store: EventStore,
     keys = {name: new_key() for name in ("acme", "globex")}
     for name, key in keys.items():
         claim = store.claim(key, FIELDS, now)
-        store.fail(key, claim.owner, now, {"type": "BreakerOpen", "message": "",
-                                           "classification": "parked", "partner": name,
-                                           "until": later, "parks": 1},
-                   retryable=True, redrive_at=later)
+        error = {"type": "BreakerOpen", "message": "", "classification": "parked",
+                 "partner": name, "until": later}
+        assert store.finish_many([Finish(key, claim.owner, error=error, retryable=True,
+                                         redrive_at=later, parked=True)], now) == Finished()
+    assert store.redrivable(10) == []
     assert store.unpark("acme", now) == 1
-    due = {record["idempotency_key"] for record in store.redrivable(now, now, 10)}
+    due = {record["idempotency_key"] for record in store.redrivable(10)}
     assert due == {keys["acme"]}
+    assert (store.get(keys["acme"]) or {})["parks"] == 1  # unparking does not forget it
 
 
 def test_reset_forgets_the_breakers_too(store: EventStore, clock: FakeClock) -> None:
@@ -288,11 +300,11 @@ def test_a_probe_that_closes_the_breaker_brings_its_parked_events_back(
     group, key, later = partners(store, clock), new_key(), clock() + timedelta(hours=1)
     fail(group)
     claim = store.claim(key, FIELDS, clock())
-    store.fail(key, claim.owner, clock(), {"type": "BreakerOpen", "message": "",
-                                           "classification": "parked", "partner": "acme",
-                                           "until": later, "parks": 1},
-               retryable=True, redrive_at=later)
+    error = {"type": "BreakerOpen", "message": "", "classification": "parked",
+             "partner": "acme", "until": later}
+    assert store.finish_many([Finish(key, claim.owner, error=error, retryable=True,
+                                     redrive_at=later, parked=True)], clock()) == Finished()
     clock.advance(30)
-    assert {r["idempotency_key"] for r in store.redrivable(clock(), clock(), 10)} == set()
+    assert {r["idempotency_key"] for r in store.redrivable(10)} == set()
     group.get("acme").call(lambda: None)  # the probe answers
-    assert {r["idempotency_key"] for r in store.redrivable(clock(), clock(), 10)} == {key}
+    assert {r["idempotency_key"] for r in store.redrivable(10)} == {key}

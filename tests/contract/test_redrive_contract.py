@@ -15,11 +15,12 @@ from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.processor import Processor
 from eventbus.settings import Settings
-from eventbus.store.base import EventStore
+from eventbus.store import documents
+from eventbus.store.base import EventStore, Finish
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import CapturingPublisher, FakeClock
 from eventbus.workers.redrive import Redriver
-from tests.contract.conftest import ERROR, FIELDS, new_key
+from tests.contract.conftest import ERROR, FIELDS, StoreClock, caller_clock, new_key, put_raw
 
 AFTER = timedelta(seconds=1200)
 
@@ -31,58 +32,113 @@ def failed(store: EventStore, now: datetime, *, retryable: bool = True) -> str:
     return key
 
 
-def due(store: EventStore, now: datetime) -> set[str]:
-    return {record["idempotency_key"] for record in
-            store.redrivable(now, now - store.lease, 100)}
+def due(store: EventStore) -> set[str]:
+    """The keys due for a redrive now, on the store's clock."""
+    return {record["idempotency_key"] for record in store.redrivable(100)}
 
 
-def test_a_retryable_failure_is_due_at_its_redrive_time(store: EventStore,
-                                                        now: datetime) -> None:
+def seconds(span: timedelta) -> float:
+    return span.total_seconds()
+
+
+def test_a_retryable_failure_is_due_at_its_redrive_time(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
     key = failed(store, now)
     final = failed(store, now, retryable=False)
-    assert key not in due(store, now + AFTER - timedelta(seconds=1))
-    assert key in due(store, now + AFTER) and final not in due(store, now + 2 * AFTER)
+    store_clock.advance(seconds(AFTER) - 1)
+    assert key not in due(store)
+    store_clock.advance(1)
+    assert key in due(store)
+    store_clock.advance(seconds(AFTER))
+    assert final not in due(store)
     record = store.get(key)
     assert record is not None and record["redrive_at"] == now + AFTER
     assert "redrive_at" not in (store.get(final) or {})
 
 
-def test_a_claim_clears_the_schedule(store: EventStore, now: datetime) -> None:
+def test_a_claim_clears_the_schedule(store: EventStore, store_clock: StoreClock,
+                                     now: datetime) -> None:
     key = failed(store, now)
+    store_clock.advance(5)
     store.claim(key, FIELDS, now + timedelta(seconds=5))
     assert "redrive_at" not in (store.get(key) or {})
     # Due again only once the new lease has expired long ago (its worker died).
-    assert key not in due(store, now + 2 * store.lease)
-    assert key in due(store, now + 2 * store.lease + timedelta(seconds=6))
+    store_clock.advance(seconds(2 * store.lease) - 5)
+    assert key not in due(store)
+    store_clock.advance(6)
+    assert key in due(store)
 
 
-def test_a_processing_record_whose_lease_expired_long_ago_is_due(store: EventStore,
-                                                                  now: datetime) -> None:
+def test_a_processing_record_whose_lease_expired_long_ago_is_due(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
     key = new_key()
     store.claim(key, FIELDS, now)
-    assert key not in due(store, now + store.lease + timedelta(seconds=1))
-    assert key in due(store, now + 2 * store.lease + timedelta(seconds=1))
+    store_clock.advance(seconds(store.lease) + 1)
+    assert key not in due(store)
+    store_clock.advance(seconds(store.lease))
+    assert key in due(store)
 
 
-def test_mark_redriven_counts_once_and_schedules_the_next(store: EventStore,
-                                                         now: datetime) -> None:
+def test_a_pending_record_is_due_at_its_redrive_time_or_at_once(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    # An ordered event handed back (PENDING) is redriven like a FAILED-retryable
+    # one if the broker stops delivering it.
+    handed, bare = new_key(), new_key()
+    claim = store.claim(handed, FIELDS, now)
+    assert store.finish_many([Finish(handed, claim.owner, unclaim=True, redrive_at=now + AFTER)],
+                             now).lost == frozenset()
+    put_raw(store, {"idempotency_key": bare, "event_status": "PENDING"})
+    assert (store.get(handed) or {})["redrive_at"] == now + AFTER
+    assert bare in due(store) and handed not in due(store)
+    store_clock.advance(seconds(AFTER))
+    assert {handed, bare} <= due(store)
+
+
+def test_mark_redriven_counts_once_and_schedules_the_next(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
     key = failed(store, now)
     later = now + 3 * AFTER
     assert store.mark_redriven(key, 0, later) is True
     assert store.mark_redriven(key, 0, later) is False  # another sweeper was first
     record = store.get(key)
     assert record is not None and (record["redrives"], record["redrive_at"]) == (1, later)
-    assert key not in due(store, now + AFTER) and key in due(store, later)
+    store_clock.advance(seconds(AFTER))
+    assert key not in due(store)
+    store_clock.advance(seconds(2 * AFTER))
+    assert key in due(store)
 
 
-def test_abandon_gives_up_only_a_retryable_failure(store: EventStore, now: datetime) -> None:
-    key, processing = failed(store, now), new_key()
+def test_mark_redriven_leaves_a_live_worker_alone(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    # A PROCESSING record is redriven only once its lease ran out a lease ago;
+    # a PENDING one at once.
+    key, pending = new_key(), new_key()
+    store.claim(key, FIELDS, now)
+    put_raw(store, {"idempotency_key": pending, "event_status": "PENDING"})
+    assert store.mark_redriven(key, 0, now + AFTER) is False  # its worker is alive
+    store_clock.advance(seconds(store.lease) + 1)
+    assert store.mark_redriven(key, 0, now + AFTER) is False  # run out, not stale yet
+    assert "redrives" not in (store.get(key) or {})
+    store_clock.advance(seconds(store.lease))
+    assert store.mark_redriven(key, 0, now + AFTER) is True
+    assert store.mark_redriven(pending, 0, now + AFTER) is True
+    assert (store.get(pending) or {})["redrives"] == 1
+
+
+def test_abandon_gives_up_only_a_retryable_failure_or_a_pending_record(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    key, processing, pending = failed(store, now), new_key(), new_key()
     store.claim(processing, FIELDS, now)
+    put_raw(store, {"idempotency_key": pending, "event_status": "PENDING"})
     error = {"type": "RedriveGivenUp", "message": "cap", "classification": "redrive_cap"}
     assert store.abandon(key, now, error) is True and store.abandon(processing, now, error) is False
-    record = store.get(key)
-    assert record is not None and record["retryable"] is False and record["error"] == error
-    assert key not in due(store, now + 10 * AFTER)
+    assert store.abandon(pending, now, error) is True
+    for given_up in (key, pending):
+        record = store.get(given_up)
+        assert record is not None and record["retryable"] is False and record["error"] == error
+        assert record["event_status"] == "FAILED"
+    store_clock.advance(seconds(10 * AFTER))
+    assert not {key, pending} & due(store)
 
 
 # -- the sweeper on both stores ----------------------------------------------------------------
@@ -105,10 +161,10 @@ def event_message(key: str) -> Delivery:
     return Delivery(body, {"idempotency_key": key}, message_id=uuid.uuid4().hex)
 
 
-def setup(store: EventStore, failures: int, **settings: Any) -> tuple[Processor, Redriver,
-                                                                      CapturingPublisher,
-                                                                      FakeClock]:
-    clock = FakeClock(datetime.now(UTC))
+def setup(store: EventStore, store_clock: StoreClock, failures: int,
+          **settings: Any) -> tuple[Processor, Redriver, CapturingPublisher, FakeClock]:
+    """A processor and a sweeper over ``store`` on one fake clock that moves the store's too."""
+    clock = caller_clock(store_clock, documents.bson_time(datetime.now(UTC)))
     config = Settings(redrive_after_seconds=60, **settings)
     run = Processor(store, flaky_router([1] * failures), config, clock)
     publisher = CapturingPublisher()
@@ -116,8 +172,9 @@ def setup(store: EventStore, failures: int, **settings: Any) -> tuple[Processor,
         clock
 
 
-def test_a_stranded_retryable_event_is_published_again_and_finishes(store: EventStore) -> None:
-    run, redriver, publisher, clock = setup(store, failures=1)
+def test_a_stranded_retryable_event_is_published_again_and_finishes(
+        store: EventStore, store_clock: StoreClock) -> None:
+    run, redriver, publisher, clock = setup(store, store_clock, failures=1)
     first = run.process(event_message(uuid.uuid4().hex))
     assert first.outcome is Outcome.RETRY
     # The broker never comes back (retention ran out, the emulator stranded it).
@@ -131,8 +188,9 @@ def test_a_stranded_retryable_event_is_published_again_and_finishes(store: Event
     assert (store.get(first.key) or {})["event_status"] == "SUCCESS"
 
 
-def test_the_redrive_cap_gives_an_event_up_for_good(store: EventStore) -> None:
-    run, redriver, publisher, clock = setup(store, failures=10, redrive_max=2)
+def test_the_redrive_cap_gives_an_event_up_for_good(
+        store: EventStore, store_clock: StoreClock) -> None:
+    run, redriver, publisher, clock = setup(store, store_clock, failures=10, redrive_max=2)
     key = run.process(event_message(uuid.uuid4().hex)).key
     for _ in range(2):
         clock.advance(10_000)
@@ -160,10 +218,10 @@ def retryable_failure(run: Processor) -> str:
 
 
 def test_stale_processing_records_past_the_cap_end_failed_and_never_starve_others(
-        store: EventStore, caplog: pytest.LogCaptureFixture) -> None:
+        store: EventStore, store_clock: StoreClock, caplog: pytest.LogCaptureFixture) -> None:
     # Five records left PROCESSING by dead workers, whose redriven copies never
     # arrive, and more of them than one pass may act on (limit 3).
-    run, redriver, publisher, clock = setup(store, failures=6, redrive_max=1)
+    run, redriver, publisher, clock = setup(store, store_clock, failures=6, redrive_max=1)
     stale = [retryable_failure(run) for _ in range(5)]
     for key in stale:  # taken again by a worker that then dies
         record = store.get(key) or {}
@@ -197,17 +255,22 @@ def test_stale_processing_records_past_the_cap_end_failed_and_never_starve_other
     assert redriver.sweep(limit=3).abandoned == 0  # nothing stays due
 
 
-def test_a_live_processing_record_is_never_given_up(store: EventStore, now: datetime) -> None:
+def test_a_live_processing_record_is_never_given_up(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
     key = new_key()
     store.claim(key, FIELDS, now)
     error = {"type": "RedriveGivenUp", "message": "cap", "classification": "redrive_cap"}
-    assert store.abandon(key, now + store.lease, error) is False  # expired, not stale yet
+    assert store.abandon(key, now, error) is False  # live
+    store_clock.advance(seconds(store.lease) + 1)
+    assert store.abandon(key, now, error) is False  # expired, not stale yet
     assert (store.get(key) or {})["event_status"] == "PROCESSING"
-    assert store.abandon(key, now + 2 * store.lease + timedelta(seconds=1), error) is True
+    store_clock.advance(seconds(store.lease))
+    assert store.abandon(key, now, error) is True
 
 
-def test_records_a_pass_cannot_act_on_do_not_starve_the_others(store: EventStore) -> None:
-    run, _, publisher, clock = setup(store, failures=1)
+def test_records_a_pass_cannot_act_on_do_not_starve_the_others(
+        store: EventStore, store_clock: StoreClock) -> None:
+    run, _, publisher, clock = setup(store, store_clock, failures=1)
     broken = [new_key() for _ in range(4)]
     for key in broken:  # records of a type this sweeper's router does not know
         store.claim(key, FIELDS, clock())

@@ -24,6 +24,7 @@ from eventbus.processor import Heartbeat, Processor
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.testing import FakeClock
+from tests.contract.conftest import StoreClock, caller_clock
 
 META = {"partnerId": "p-1", "entity_id": "e-1", "entity_type": "Order"}
 
@@ -117,8 +118,9 @@ def test_a_second_payload_under_a_key_is_a_conflict_in_one_claim(store: EventSto
     assert len(conflicts) == 1
 
 
-def test_a_killed_workers_event_is_free_within_one_lease(store: EventStore) -> None:
-    clock = FakeClock(datetime.now(UTC))
+def test_a_killed_workers_event_is_free_within_one_lease(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    clock = caller_clock(store_clock, now)  # moves the store's clock too
     run = processor(store, clock)
     located = run.locate(delivery(event(n=1), idempotency_key=uuid.uuid4().hex))
     claim = store.claim(located.key, located.fields, clock())
@@ -132,8 +134,9 @@ def test_a_killed_workers_event_is_free_within_one_lease(store: EventStore) -> N
     assert taken.attempt == 2 and taken.owner != claim.owner
 
 
-def test_a_live_handlers_heartbeat_keeps_its_event(store: EventStore) -> None:
-    clock = FakeClock(datetime.now(UTC))
+def test_a_live_handlers_heartbeat_keeps_its_event(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    clock = caller_clock(store_clock, now)  # moves the store's clock too
     beat = Heartbeat(store, now=clock, background=False)
     routes, seen = Router(), []
 
@@ -152,8 +155,9 @@ def test_a_live_handlers_heartbeat_keeps_its_event(store: EventStore) -> None:
     assert result.outcome is Outcome.PROCESSED and seen == [result.key]
 
 
-def test_a_renewal_after_the_lease_was_taken_reports_it_lost(store: EventStore) -> None:
-    clock = FakeClock(datetime.now(UTC))
+def test_a_renewal_after_the_lease_was_taken_reports_it_lost(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    clock = caller_clock(store_clock, now)  # moves the store's clock too
     located = processor(store, clock).locate(delivery(event(), idempotency_key="r"))
     claim = store.claim(located.key, located.fields, clock())
     clock.advance(store.lease.total_seconds() + 1)

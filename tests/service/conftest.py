@@ -93,10 +93,10 @@ def make_harness(settings: Settings) -> Make:
         final = dataclasses.replace(settings, **overrides)
         db = store.database if store is not None and store.database is not None \
             else memory_database()
-        if store is None:
-            store = MemoryEventStore(lease=dt.timedelta(seconds=final.lease_seconds),
-                                     created_by=final.service, database=db)
         clock = clock or FakeClock(START)
+        if store is None:  # on the harness's clock: the store's clock is the one tests move
+            store = MemoryEventStore(lease=dt.timedelta(seconds=final.lease_seconds),
+                                     created_by=final.service, database=db, clock=clock)
         router = router if router is not None else app_router(partner_url)
         app = create_app(router, final, store, now=clock, after_success=after_success,
                          publisher=publisher)

@@ -68,8 +68,8 @@ def bus(concurrency: int = 1) -> Bus:
             raise ConnectionError("partner down")
         seen.append(context.event.entity_data["ts"])
 
-    store = MemoryEventStore(lease=dt.timedelta(seconds=20))
     clock = FakeClock(NOW)
+    store = MemoryEventStore(lease=dt.timedelta(seconds=20), clock=clock)
     # max_attempts above the hypothesis test's deliveries of one failing event (at most 8).
     processor = Processor(store, routes, Settings(max_attempts=10, order_wait_seconds=0.2),
                           clock, concurrency=concurrency, sleep=slept.append)

@@ -83,7 +83,8 @@ def delivery(partner: str, n: int) -> Delivery:
 
 def setup(partners: Partners) -> tuple[MemoryEventStore, Processor, Redriver,
                                        CapturingPublisher, FakeClock]:
-    store, clock, publisher = MemoryEventStore(), FakeClock(START), CapturingPublisher()
+    clock, publisher = FakeClock(START), CapturingPublisher()
+    store = MemoryEventStore(clock=clock)
     run = Processor(store, partners.router(), SETTINGS, clock)
     return store, run, Redriver(store, publisher, SETTINGS, now=clock, locate=run.locate), \
         publisher, clock

@@ -32,13 +32,13 @@ LEASE = dt.timedelta(seconds=60)
 
 
 @pytest.fixture()
-def store() -> MemoryEventStore:
-    return MemoryEventStore()
+def clock() -> FakeClock:
+    return FakeClock(dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC))
 
 
 @pytest.fixture()
-def clock() -> FakeClock:
-    return FakeClock(dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC))
+def store(clock: FakeClock) -> MemoryEventStore:
+    return MemoryEventStore(clock=clock)  # leases run on the clock the tests move
 
 
 def client(store: MemoryEventStore, clock: FakeClock, timeout: float = 2.0) -> PartnerClient:

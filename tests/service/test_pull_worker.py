@@ -88,8 +88,8 @@ def setup(behaviour: Callable[[Context], None] | None = None, *, store: Any = No
         if behaviour is not None:
             behaviour(context)
 
-    store = store or MemoryEventStore(lease=dt.timedelta(seconds=30))
     clock = FakeClock(NOW)
+    store = store or MemoryEventStore(lease=dt.timedelta(seconds=30), clock=clock)
 
     def after_success(key: str, outbox: Any) -> None:  # the inline relay's place
         relayed.append((key, str((store.get(key) or {}).get("event_status"))))
@@ -177,8 +177,12 @@ def test_a_lease_lost_during_the_batch_is_nacked_not_acked() -> None:
 
     def steal(context: Context) -> None:  # another worker takes the lease meanwhile
         store = holder[0].store
-        later = NOW + store.lease + dt.timedelta(seconds=1)
-        store.claim(context.key, {"payload_fingerprint": ""}, later)
+        # Its lease runs out on the store's clock and another worker claims it; the
+        # clock then goes back, so only this key's lease is the one that lapsed.
+        lapse = store.lease.total_seconds() + 1
+        store.clock.advance(lapse)
+        store.claim(context.key, {"payload_fingerprint": ""}, store.now())
+        store.clock.advance(-lapse)
 
     s = setup(steal)
     holder.append(s)
@@ -309,8 +313,11 @@ def mixed_router(store_of: Callable[[], MemoryEventStore]) -> Any:
         elif n == 6:
             raise PermanentError("no such order")
         elif n == 7:  # another worker takes the lease meanwhile
-            later = NOW + store_of().lease + dt.timedelta(seconds=1)
-            store_of().claim(context.key, {"payload_fingerprint": ""}, later)
+            store = store_of()  # as in test_a_lease_lost_during_the_batch_is_nacked_not_acked
+            lapse = store.lease.total_seconds() + 1
+            store.clock.advance(lapse)
+            store.claim(context.key, {"payload_fingerprint": ""}, store.now())
+            store.clock.advance(-lapse)
 
     routes.handler("CHILD", internal=True)(lambda context: None)
     return routes
@@ -324,10 +331,11 @@ def mixed_batch() -> list[FakeMessage]:
 
 def run_mixed(as_batch: bool) -> tuple[list[str], list[str]]:
     stores: list[MemoryEventStore] = []
-    store = MemoryEventStore(lease=dt.timedelta(seconds=30))
+    clock = FakeClock(NOW)
+    store = MemoryEventStore(lease=dt.timedelta(seconds=30), clock=clock)
     stores.append(store)
     processor = Processor(store, mixed_router(lambda: stores[0]), Settings(max_attempts=5),
-                          FakeClock(NOW), concurrency=3)
+                          clock, concurrency=3)
     worker = PullWorker(processor, Inbox(), subscription="s")
     for earlier in (message(2), message(3)):  # a duplicate and a taken key, stored before
         processor.process(worker.delivery(earlier))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from eventbus.clock import Shift
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import PublishError
 from eventbus.model.event import EntityMetadata, Event
@@ -258,11 +260,7 @@ class TestOutboxBuilders:
 
 
 class TestGuardBuilders:
-    def test_take_filter_and_rule(self) -> None:
-        assert documents.guard_take_filter("k", NOW) == {
-            "_id": "k", "status": {"$ne": SUCCESS},
-            "$or": [{"lease_until": {"$exists": False}},
-                    {"lease_until": {"$lt": documents.bson_time(NOW)}}]}
+    def test_the_take_rule_is_decided_on_the_stores_clock(self) -> None:
         held = documents.bson_time(NOW)
         assert documents.guard_takeable(None, NOW)
         assert documents.guard_takeable({"status": FAILED}, NOW)
@@ -270,13 +268,18 @@ class TestGuardBuilders:
                                          "lease_until": held - timedelta(milliseconds=1)}, NOW)
         assert not documents.guard_takeable({"status": PROCESSING, "lease_until": held}, NOW)
         assert not documents.guard_takeable({"status": SUCCESS}, NOW)
+        # MongoDB's form compares with $$NOW, shifted only by a test's Shift.
+        text = repr(documents.guard_take(NOW, "o", timedelta(seconds=5)))
+        assert "'$$NOW'" in text and repr(held) not in text.split("updated_at")[0]
+        shifted = repr(documents.guard_take(NOW, "o", timedelta(seconds=5), Shift(60)))
+        assert "{'$add': ['$$NOW', 60000]}" in shifted and "{'$add': ['$$NOW', 65000]}" in shifted
 
-    def test_take_update(self) -> None:
+    def test_take_leaves_what_the_memory_store_writes(self) -> None:
         moment = documents.bson_time(NOW)
-        assert documents.guard_take_update(NOW, "o", timedelta(seconds=5)) == {
-            "$set": {"status": PROCESSING, "lease_owner": "o",
-                     "lease_until": moment + timedelta(seconds=5), "updated_at": moment},
-            "$inc": {"attempts": 1}, "$setOnInsert": {"created_at": moment}}
+        taken = documents.guard_taken(None, NOW, "o", timedelta(seconds=5))
+        assert taken == {"status": PROCESSING, "lease_owner": "o", "attempts": 1,
+                         "lease_until": moment + timedelta(seconds=5), "updated_at": moment,
+                         "created_at": moment}
 
     def test_owner_filter_guards_only_failures(self) -> None:
         assert documents.guard_owner_filter("k", "o", succeeded=True) == {"_id": "k"}
@@ -317,6 +320,24 @@ def test_a_hold_holds_a_new_entity_or_a_free_one_not_ahead() -> None:
     assert not documents.holdable({"holder": {"owner": "o", "until": NOW}}, 5)
     held = documents.hold_filter("entity:x", 5)
     assert held["holder"] == {"$exists": False} and {"position": {"$lte": 5}} in held["$or"]
-    update = documents.hold_update({"partnerId": "p"}, "o", NOW, timedelta(seconds=30), ["k"], [5])
+    assert held["orphan"] is None  # an entity with orphans is taken the full way
+    assert not documents.holdable({"orphan": {"keys": ["k"], "positions": [1]}}, 5)
+    [update] = documents.hold_update({"partnerId": "p"}, "o", NOW, timedelta(seconds=30),
+                                     ["k"], [5])
     assert update["$set"]["holder"]["owner"] == "o"
-    assert update["$setOnInsert"] == {"record_type": "entity", "entity": {"partnerId": "p"}}
+    assert update["$set"]["holder"]["until"] == {"$add": ["$$NOW", 30000]}  # the store's clock
+    assert update["$set"]["record_type"] == {"$ifNull": ["$record_type", "entity"]}
+
+
+def test_a_release_moves_the_position_only_forward_and_keeps_given_orphans() -> None:
+    # ``released`` is the memory store's form of ``release_update``.
+    record: dict[str, object] = {"position": 7, "applied_key": "k7",
+                                 "holder": {"owner": "o"}, "orphan": {"keys": ["a"]}}
+    documents.released(record, NOW, 5, "k5")
+    assert (record["position"], record["applied_key"]) == (7, "k7")
+    assert "holder" not in record and "orphan" not in record
+    kept: dict[str, list[Any]] = {"keys": ["b"], "positions": [3]}
+    documents.released(record, NOW, 9, "k9", kept)
+    assert (record["position"], record["applied_key"], record["orphan"]) == (9, "k9", kept)
+    assert "{'$literal': {'keys': ['b'], 'positions': [3]}}" in repr(
+        documents.release_update(NOW, 9, "k9", kept))

@@ -7,6 +7,12 @@ that costs no store write at all. A
 worker that dies stops renewing, and the record is claimable again within one
 lease. A renewal that finds the lease taken by another worker marks it lost:
 the processor then answers 503 instead of acking work another worker owns.
+
+Three kinds of lease are kept: events' claims (``renew_many``), ordered
+entities' holds (``renew_entities``) and side-effect guards' leases
+(``guard_renew``, while a guarded effect runs), so a partner call longer than
+the lease is never taken over by a duplicate. Every renewal is fenced by the
+store: a lease that ran out on the store's clock is lost, never renewed.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class RenewingStore(Protocol):
         """Extend the entity holds of ``holders`` (entity key → owner); return those held."""
         ...
 
+    def guard_renew(self, key: str, owner: str, lease: timedelta) -> bool:
+        """Extend a side-effect guard's lease; False when it no longer holds."""
+        ...
+
 
 @dataclasses.dataclass
 class Lease:
@@ -50,6 +60,8 @@ class Lease:
     lost: bool = False
     entity: bool = False
     """An ordered entity's hold (``renew_entities``), not an event's lease."""
+    guard: bool = False
+    """A side-effect guard's lease (``guard_renew``)."""
 
 
 class Heartbeat:
@@ -85,11 +97,51 @@ class Heartbeat:
                 for lease in [*leases.values(), *held]:
                     self._live.pop(id(lease), None)
 
+    @contextlib.contextmanager
+    def guarding(self, key: str, owner: str) -> Iterator[Lease]:
+        """Keep a side-effect guard's lease alive while its effect runs."""
+        lease = Lease(key, owner, guard=True)
+        with self._lock:
+            self._live[id(lease)] = lease
+        self._ensure_thread()
+        try:
+            yield lease
+        finally:
+            with self._lock:
+                self._live.pop(id(lease), None)
+
+    def confirm(self, lease: Lease) -> bool:
+        """Renew one entity hold now (before a lane's next event); False, and lost, if it lapsed."""
+        try:
+            lease.lost = not self.store.renew_entities({lease.key: lease.owner}, self.now())
+        except StoreUnavailable:
+            lease.lost = True  # unknown: the lane stops rather than run unheld
+        return not lease.lost
+
+    @contextlib.contextmanager
+    def holding(self, entities: Mapping[str, str]) -> Iterator[dict[str, Lease]]:
+        """Keep the holds of ``entities`` (entity key → owner) alive; yield their leases by key."""
+        held = {key: Lease(key, owner, entity=True) for key, owner in entities.items()}
+        with self._lock:
+            self._live.update((id(lease), lease) for lease in held.values())
+        self._ensure_thread()
+        try:
+            yield held
+        finally:
+            with self._lock:
+                for lease in held.values():
+                    self._live.pop(id(lease), None)
+
     def beat(self) -> None:
         """Renew every live lease in one round trip; mark the ones another worker took as lost."""
         with self._lock:
             leases = [lease for lease in self._live.values() if not lease.lost]
-        for round_ in _rounds(leases):
+        for guard in [lease for lease in leases if lease.guard]:
+            try:
+                guard.lost = not self.store.guard_renew(guard.key, guard.owner, self.store.lease)
+            except StoreUnavailable as exc:
+                logger.warning("guard lease %s not renewed: %s", guard.key, exc)
+        for round_ in _rounds([lease for lease in leases if not lease.guard]):
             renew = self.store.renew_entities if round_[0].entity else self.store.renew_many
             try:
                 held = renew({lease.key: lease.owner for lease in round_}, self.now())

@@ -20,7 +20,14 @@ claim's own round trips), else by ``take_entities`` (one round trip more):
 A holder whose lease ran out without releasing (a crash between its
 SUCCESS and the release) left its keys as the entity's ``orphan``: the
 new holder reads their records and applies the newest that succeeded before
-comparing, so a crash never lets an older event through.
+comparing, so a crash never lets an older event through. Orphan keys whose
+records are not finished yet (their holder may still be writing) stay in the
+orphan at this holder's release, for the next one to read again.
+
+Fencing: the hold is renewed with the claims, confirmed with the store before
+a lane's next event when a quarter lease passed since (a process paused
+past its lease finds out there, and gives the rest of its lane back), and
+the release only takes while the hold holds; the position only moves forward.
 """
 
 from __future__ import annotations
@@ -28,12 +35,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from eventbus.model.order import Ordering, Position
 from eventbus.model.outcome import Outcome
 from eventbus.model.status import Status
+from eventbus.processor.heartbeat import Lease
 from eventbus.processor.work import Item, Pending, Result
 from eventbus.store.base import EntityHolds, EntityRelease, EntityTake, EventStore, Finish
 
@@ -53,6 +61,12 @@ class Lane:
     applied_key: str = ""
     moved: bool = False
     """True when the lane (or an orphan's roll-forward) moved the applied position."""
+    hold: Lease | None = None
+    """The heartbeat's lease on the entity's hold (None: an unordered lane)."""
+    confirmed: float = 0.0
+    """When (this process's monotonic clock) the hold was last known to hold."""
+    unsettled: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Orphan keys (→ positions) whose records were not finished when read: kept at release."""
 
     def stale(self, item: Item) -> bool:
         """True when ``item`` is older than the entity's applied position."""
@@ -65,17 +79,25 @@ class Lane:
 
     def release(self) -> EntityRelease:
         """What the finish stage stores for the entity: its position, and no holder."""
+        orphan = {"keys": list(self.unsettled), "positions": list(self.unsettled.values())} \
+            if self.unsettled else None
         return EntityRelease(self.entity_key, self.owner, self.position,
-                             self.applied_key if self.moved else "")
+                             self.applied_key if self.moved else "", orphan)
 
 
 class Lanes:
     """Groups a batch's claimed items into lanes, holding each ordered entity in the store."""
 
     def __init__(self, store: EventStore, now: Callable[[], datetime], wait: float,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 redrive_after: timedelta = timedelta(seconds=1200)) -> None:
         self.store, self.now, self.wait = store, now, wait
-        self._sleep = sleep
+        self._sleep, self._redrive_after = sleep, redrive_after
+
+    def busy(self, item: Item) -> Pending:
+        """Give ``item``'s claim back (its entity is held elsewhere): PENDING, due for the
+        store's redrive if the broker never brings it back, IN_PROGRESS (503)."""
+        return _busy(item, self.store.now() + self._redrive_after)
 
     @staticmethod
     def takes(wanted: Sequence[Item]) -> dict[str, EntityTake] | None:
@@ -102,7 +124,7 @@ class Lanes:
                 lanes.append(self._lane(entity_key, items, holds))
             else:
                 for item in items:
-                    item.pending = _busy(item)
+                    item.pending = self.busy(item)
         return lanes
 
     def _take(self, groups: Mapping[str, list[Item]], given: EntityHolds | None) -> EntityHolds:
@@ -137,8 +159,11 @@ class Lanes:
             return
         positions = dict(zip(orphan.get("keys") or [], orphan.get("positions") or [],
                              strict=False))
-        for record in self.store.get_many(list(positions)):
-            key = str(record.get("idempotency_key"))
+        found = {str(record.get("idempotency_key")): record
+                 for record in self.store.get_many(list(positions))}
+        lane.unsettled = {key: positions[key] for key in positions
+                          if not _settled(found.get(key)) and key not in _keys(lane)}
+        for key, record in found.items():
             done = record.get("event_status") == Status.SUCCESS and not record.get("stale")
             position = positions.get(key)
             if done and position is not None and (lane.position is None
@@ -163,9 +188,21 @@ def applied_fields(item: Item) -> dict[str, Any]:
     return {"order": {"entity_key": order.entity_key, "position": order.position}}
 
 
-def _busy(item: Item) -> Pending:
+def _settled(record: Mapping[str, Any] | None) -> bool:
+    """False while ``record`` is PROCESSING: its (maybe paused) holder could still store it.
+
+    Any other state is safe to forget: a record that comes back later is
+    claimed again and compared with the position then."""
+    return (record or {}).get("event_status") != Status.PROCESSING
+
+
+def _keys(lane: Lane) -> set[str]:
+    return {item.key for item in lane.items}
+
+
+def _busy(item: Item, redrive_at: datetime) -> Pending:
     assert item.claim is not None
-    return Pending(Finish(item.key, item.claim.owner, unclaim=True),
+    return Pending(Finish(item.key, item.claim.owner, unclaim=True, redrive_at=redrive_at),
                    Result(Outcome.IN_PROGRESS, key=item.key, event_type=item.event_type,
                           attempt=item.claim.attempt - 1, error="EntityBusy"))
 

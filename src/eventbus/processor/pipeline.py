@@ -97,17 +97,21 @@ class Processor:
                  after_success: AfterSuccess | None = None,
                  classifier: Classifier | None = None, heartbeat: Heartbeat | None = None,
                  middleware: Sequence[Middleware] = (), concurrency: int = 1,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store, self.router, self.settings, self.now = store, router, settings, now
         router.check()  # a forward of an internal or unhandled type stops the app here
         self.after_success, self.middleware = after_success, tuple(middleware)
         self._span_scoped = any(hook.scopes_logs for hook in self.middleware)
         self.classifier = classifier or Classifier()
-        self.guard = Guard(store, lease=store.lease, now=now)
-        self.partners = Partners(store, settings, now=now, classifier=self.classifier)
-        self.intake, self.rejections = Intake(store, router), Rejections(store, now)
         self.heartbeat = heartbeat or Heartbeat(store, now=now)
-        self.lanes = Lanes(store, now, settings.order_wait_seconds, sleep=sleep)
+        self.guard = Guard(store, lease=store.lease, now=now, keep=self.heartbeat.guarding)
+        self.partners = Partners(store, settings, now=now, classifier=self.classifier,
+                                 sleep=sleep)
+        self.intake, self.rejections = Intake(store, router), Rejections(store, now)
+        self.lanes = Lanes(store, now, settings.order_wait_seconds, sleep=sleep,
+                           redrive_after=timedelta(seconds=settings.redrive_after_seconds))
+        self._monotonic = monotonic
         self.concurrency = max(1, concurrency)
         self._pool: ThreadPoolExecutor | None = None
 
@@ -208,24 +212,46 @@ class Processor:
         if not claimed:
             return
         ordered = any(item.located is not None and item.located.order for item in claimed)
-        lanes = self.lanes.of(claimed, holds) if ordered else [Lane([item]) for item in claimed]
         owners = {item.key: item.claim.owner for item in claimed if item.claim is not None}
-        entities = {lane.entity_key: lane.owner for lane in lanes if lane.entity_key}
-        with self.heartbeat.hold(owners, entities) as leases:
-            if len(lanes) > 1 and self.concurrency > 1:
-                list(self._threads().map(lambda lane: self._run_lane(lane, leases, alone),
-                                         lanes))
-            else:
+        # The claims are renewed from here on, so a wait for a busy entity
+        # (``order_wait_seconds``) never outlasts them.
+        with self.heartbeat.hold(owners) as leases:
+            lanes = self.lanes.of(claimed, holds) if ordered else \
+                [Lane([item]) for item in claimed]
+            entities = {lane.entity_key: lane.owner for lane in lanes if lane.entity_key}
+            with self.heartbeat.holding(entities) as held:
                 for lane in lanes:
-                    self._run_lane(lane, leases, alone)
+                    lane.hold, lane.confirmed = held.get(lane.entity_key), self._monotonic()
+                if len(lanes) > 1 and self.concurrency > 1:
+                    list(self._threads().map(lambda lane: self._run_lane(lane, leases, alone),
+                                             lanes))
+                else:
+                    for lane in lanes:
+                        self._run_lane(lane, leases, alone)
             self._finish(claimed, [lane.release() for lane in lanes if lane.entity_key])
 
     def _run_lane(self, lane: Lane, leases: Mapping[str, Lease], alone: bool) -> None:
-        for item in lane.items:
+        for index, item in enumerate(lane.items):
+            if lane.entity_key and index and not self._still_held(lane):
+                # The hold lapsed (a pause longer than the lease): another instance
+                # may hold the entity now, so the rest of the lane goes back.
+                for rest in lane.items[index:]:
+                    rest.pending = self.lanes.busy(rest)
+                return
             if lane.entity_key and lane.stale(item):
                 item.pending = stale_pending(item, lane)
             else:
                 self._run(item, leases[item.key], alone, lane)
+
+    def _still_held(self, lane: Lane) -> bool:
+        """True while the lane's hold holds: confirmed with the store (one round trip) when
+        more than a quarter lease passed on this process's own clock since it last was."""
+        if lane.hold is None or lane.hold.lost:
+            return False
+        if self._monotonic() - lane.confirmed <= self.store.lease.total_seconds() / 4:
+            return True
+        lane.confirmed = self._monotonic()
+        return self.heartbeat.confirm(lane.hold)
 
     def _finish(self, claimed: list[Item], releases: list[EntityRelease]) -> None:
         waiting = [item for item in claimed if item.result is None and item.leader is None
@@ -235,6 +261,10 @@ class Processor:
         with self._around("finish", waiting) if self.middleware else _NOTHING:
             done = self.store.finish_many([item.pending.finish for item in waiting
                                            if item.pending is not None], self.now(), releases)
+        for entity_key in sorted(done.unreleased):
+            # Its hold lapsed: the next holder reads this batch's keys as its orphan.
+            logger.warning("hold on %s lapsed before its release; the next holder rolls its "
+                           "events forward", entity_key)
         for item in waiting:
             pending = item.pending
             assert pending is not None
@@ -297,9 +327,9 @@ class Processor:
         # A replay grants a fresh set of attempts: count from where it started;
         # a parked claim never called its partner, so it spends none.
         assert item.claim is not None
-        since = (item.claim.previous or {}).get("replayed_at_attempt", 0)
-        parks = parking.parks(item.claim.previous) if item.claim.previous else 0
-        return item.claim.attempt - (since if isinstance(since, int) else 0) - parks
+        since = item.claim.record.get("replayed_at_attempt", 0)
+        since = since if isinstance(since, int) and not isinstance(since, bool) else 0
+        return item.claim.attempt - since - parking.parks(item.claim.record)
 
     def _context(self, item: Item) -> Context:
         located, claim = item.located, item.claim
@@ -338,7 +368,7 @@ class Processor:
         outbox: list[dict[str, Any]] = [child.to_document(key, context.root_key, created)
                                         for child in context.children]
         outbox += self.router.forwards.entries(context.event, key, context.root_key, created,
-                                               (item.claim.previous or {}).get("outbox", ()))
+                                               item.claim.record.get("outbox", ()))
         outbox = tracecontext.stamp(outbox, carried)
         return Pending(Finish(key, item.claim.owner, outbox=tuple(outbox), extra=extra),
                        Result(Outcome.PROCESSED, key=key, event_type=item.event_type,
@@ -357,9 +387,9 @@ class Processor:
         final = kind is Classification.PERMANENT or content
         capped = self._attempts_used(item) >= self.settings.max_attempts and not final
         label = "attempt_cap" if capped else "content" if content else kind.value
-        redrive_at = self.now() + timedelta(seconds=self.settings.redrive_after_seconds)
-        finish = Finish(item.key, item.claim.owner,
-                        error=_with_parks(documents.error_document(exc, label), item),
+        # Due on the store's clock: the redrive compares it with the store's now.
+        redrive_at = self.store.now() + timedelta(seconds=self.settings.redrive_after_seconds)
+        finish = Finish(item.key, item.claim.owner, error=documents.error_document(exc, label),
                         retryable=not (final or capped), redrive_at=redrive_at)
         outcome = Outcome.REJECTED if final or capped else Outcome.RETRY
         level = logging.ERROR if outcome is Outcome.REJECTED else logging.WARNING
@@ -373,9 +403,9 @@ class Processor:
         # the redrive brings it back at ``until``.
         assert item.claim is not None
         error = {**documents.error_document(exc, parking.PARKED), "partner": paused.partner,
-                 "until": paused.until, "parks": parking.parks(item.claim.previous) + 1}
+                 "until": paused.until, "parks": parking.parks(item.claim.record) + 1}
         finish = Finish(item.key, item.claim.owner, error=error, retryable=True,
-                        redrive_at=paused.until)
+                        redrive_at=paused.until, parked=True)
         return Pending(finish, Result(Outcome.PARKED, key=item.key, event_type=item.event_type,
                                       attempt=item.claim.attempt, error=brief(exc)),
                        (logging.INFO, f"parked {item.key} until {paused.until}: {exc}"))
@@ -443,13 +473,6 @@ def _paused(exc: BaseException) -> PartnerPaused | None:
         seen.add(id(found))
         found = found.__cause__
     return None
-
-
-def _with_parks(error: dict[str, Any], item: Item) -> dict[str, Any]:
-    """Carry the record's count of parks onto its new error (see ``documents.parking``)."""
-    assert item.claim is not None
-    count = parking.parks(item.claim.previous) if item.claim.previous else 0
-    return {**error, "parks": count} if count else error
 
 
 def _run_hook(hook: AfterSuccess, key: str, outbox: Sequence[Mapping[str, Any]]) -> None:

@@ -6,6 +6,12 @@ the operator commands are written once above these primitives, and
 ``MongoEventStore`` and ``MemoryEventStore`` implement them. The contract
 suite (``tests/contract``) runs against both, so they cannot drift.
 
+Time: every primitive decides leases, holds and due times on **the store's
+clock** (``now()``; ``eventbus.clock``), never on the ``now`` a caller
+passes, which only stamps audit fields (``lastUpdatedTime``, the attempt
+map). Every write made under a lease or hold is fenced: it takes effect only
+while the lease still holds on that clock.
+
 Two error rules hold for every primitive of every implementation:
 
 * a conflict that matters to the caller is ``AlreadyExists(record)`` (or
@@ -35,8 +41,13 @@ class Claim:
     """1-based number of the attempt taken now."""
     owner: str
     """Random lease token of this claim; finishing needs it."""
-    previous: Mapping[str, Any] | None
-    """The record as it was before the claim; None when the record is new."""
+    record: Mapping[str, Any]
+    """The record as this claim left it (its lease, attempt and attempt map included).
+
+    One meaning on every store and batch size (the contract suite pins it).
+    What a claim never changes is read here: ``parks``, ``replayed_at_attempt``,
+    ``replays``, the outbox of an earlier SUCCESS.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +93,11 @@ class Finish:
     extra: Mapping[str, Any] | None = None
     """More fields stored with SUCCESS (``order``, ``stale`` of an ordered event)."""
     unclaim: bool = False
-    """Give the claim back untouched (its entity is busy): PENDING again, the attempt returned."""
+    """Give the claim back untouched (its entity is busy): PENDING again, the attempt returned.
+
+    With ``redrive_at``: when the store's redrive brings it back if the broker does not."""
+    parked: bool = False
+    """A FAILED-retryable park (its partner paused): counts one more in the record's ``parks``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +132,18 @@ class EntityHolds:
 
 @dataclasses.dataclass(frozen=True)
 class EntityRelease:
-    """Free a held entity at finish; with ``applied_key``, store ``position`` as applied."""
+    """Free a held entity at finish; with ``applied_key``, store ``position`` as applied.
+
+    Fenced: it takes effect only while ``owner``'s hold holds. The position
+    only moves forward. ``orphan`` keeps the orphan keys (and positions) whose
+    records the holder did not see finished, for the next holder to read.
+    """
 
     entity_key: str
     owner: str
     position: Any = None
     applied_key: str = ""
+    orphan: Mapping[str, Sequence[Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +154,8 @@ class Finished:
     """Keys whose lease another worker took: nothing was stored for them."""
     refused: frozenset[str] = frozenset()
     """Keys whose children the store refused for their content: stored FAILED for good instead."""
+    unreleased: frozenset[str] = frozenset()
+    """Entity keys whose release did not take: the hold had lapsed (another holder may have it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +213,8 @@ class EventStore(Protocol):
         ...
 
     def renew(self, key: str, owner: str, now: datetime) -> bool:
-        """Extend ``owner``'s lease on ``key`` to ``now + lease``; False when it is not held."""
+        """Extend ``owner``'s lease on ``key`` by a lease from the store's now; False when it
+        no longer holds (taken, or run out: a lapsed lease is never brought back)."""
         ...
 
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
@@ -249,10 +273,10 @@ class EventStore(Protocol):
         ...
 
     # -- store-driven redrive -----------------------------------------------------------
-    def redrivable(self, now: datetime, stale_before: datetime, limit: int,
-                   exclude: Collection[str] = ()) -> list[Record]:
-        """Return up to ``limit`` records due for a redrive (``documents.redrive_filter``),
-        leaving out the keys in ``exclude``."""
+    def redrivable(self, limit: int, exclude: Collection[str] = ()) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive on the store's clock
+        (``documents.redrive_filter``: FAILED-retryable or PENDING whose ``redrive_at`` came,
+        PROCESSING whose lease ran out a lease ago), leaving out the keys in ``exclude``."""
         ...
 
     def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
@@ -297,6 +321,11 @@ class EventStore(Protocol):
         A success is stored even if the lease was lost (the effect happened);
         a failure only releases ``owner``'s lease. False when nothing matched.
         """
+        ...
+
+    def guard_renew(self, key: str, owner: str, lease: timedelta) -> bool:
+        """Extend ``owner``'s guard lease on ``key`` by ``lease`` from the store's now, while
+        it still holds; False otherwise (taken, finished, or run out)."""
         ...
 
     def guard_get(self, key: str) -> Record | None:

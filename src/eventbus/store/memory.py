@@ -21,10 +21,11 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from eventbus.clock import Now, utcnow
+from eventbus.clock import Now, lease_end, utcnow
 from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.documents import parking
 from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
 from eventbus.store.memory_partners import MemoryPartnersMixin
@@ -63,6 +64,11 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         """The database handlers use for their own effects, as given (default None)."""
         return self._database
 
+    @property
+    def clock(self) -> Now:
+        """The clock this store decides leases on (tests move it: a ``FakeClock``)."""
+        return self._clock
+
     def now(self) -> datetime:
         """The store's clock: the one it was given (a test's ``FakeClock``), at BSON's grain."""
         return documents.bson_time(self._clock())
@@ -75,17 +81,18 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         return self._claim(key, fields, now, uuid.uuid4().hex)
 
     def _claim(self, key: str, fields: Mapping[str, Any], now: datetime, owner: str) -> Claim:
-        now = documents.bson_time(now)
+        # Decided on the store's clock; the caller's ``now`` stamps the attempt.
         with self._lock:
             previous = self._events.get(key)
             fingerprint = str(fields.get("payload_fingerprint") or "")
             if documents.conflicts(previous, fingerprint):
                 raise Conflict(copy.deepcopy(previous or {}))
-            if previous is not None and not documents.claimable(previous, now, fingerprint):
+            if previous is not None and not documents.claimable(previous, self.now(),
+                                                                 fingerprint):
                 raise AlreadyExists(copy.deepcopy(previous))
             attempt = documents.next_attempt(previous)
             self._events[key] = self._taken(key, previous, fields, now, owner, attempt)
-        return Claim(attempt=attempt, owner=owner, previous=copy.deepcopy(previous))
+            return Claim(attempt=attempt, owner=owner, record=copy.deepcopy(self._events[key]))
 
     def _taken(self, key: str, previous: Record | None, fields: Mapping[str, Any],
                now: datetime, owner: str, attempt: int) -> Record:
@@ -113,7 +120,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         for name in ("retryable", "error", "redrive_at"):
             record.pop(name, None)
         record.update(event_status=documents.PROCESSING, lease_owner=owner, attempts=attempt,
-                      lease_until=documents.bson_time(now + self._lease), lastUpdatedTime=stamp,
+                      lease_until=lease_end(self.now(), self._lease), lastUpdatedTime=stamp,
                       pubsub=_bson(fields.get("pubsub", {})), entity_metadata=meta)
         return record
 
@@ -132,21 +139,26 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         return self._finish(key, owner, documents.fail_fields(now, error, retryable=retryable,
                                                               redrive_at=redrive_at))
 
-    def redrivable(self, now: datetime, stale_before: datetime, limit: int,
-                   exclude: Collection[str] = ()) -> list[Record]:
-        """Return up to ``limit`` records due for a redrive, the longest due first."""
+    def redrivable(self, limit: int, exclude: Collection[str] = ()) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive on this store's clock, longest due
+        first."""
         epoch = documents.EPOCH
         with self._lock:
+            now = self.now()
             due = [copy.deepcopy(record) for key, record in self._events.items()
-                   if key not in exclude and documents.redrivable(record, now, stale_before)]
+                   if key not in exclude and documents.redrivable(record, now, self._lease)]
         return sorted(due, key=lambda record: record.get("redrive_at") or epoch)[:limit]
 
     def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
-        """Count a redrive of ``key``; False when another sweeper counted it first."""
+        """Count a redrive of ``key``; False when another sweeper counted it first, or a live
+        worker holds it (``documents.redriven_filter``)."""
         with self._lock:
             record = self._events.get(key)
+            status = (record or {}).get("event_status")
             if (record is None or (record.get("redrives") or 0) != redrives
-                    or record.get("event_status") not in (documents.FAILED, documents.PROCESSING)):
+                    or status not in (documents.FAILED, documents.PENDING, documents.PROCESSING)
+                    or (status == documents.PROCESSING
+                        and not documents.stale(record, self.now(), self._lease))):
                 return False
             record.update(redrive_at=documents.bson_time(next_at), redrives=redrives + 1)
         return True
@@ -155,22 +167,20 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         """Give ``key`` up for good (FAILED, not retryable); False unless retryable or stale."""
         with self._lock:
             record = self._events.get(key)
-            if record is None or not documents.abandonable(record, now - self._lease):
+            if record is None or not documents.abandonable(record, self.now(), self._lease):
                 return False
-            record.update(documents.abandon_update(now, error)["$set"])
+            record.update(_bson(documents.abandon_fields(now, error)))
             for field in documents.ABANDON_UNSET:
                 record.pop(field, None)
         return True
 
     def _held(self, key: str, owner: str) -> Record | None:
-        """The record of ``key`` while ``owner`` holds its lease (``documents.owner_filter``)."""
+        """The record of ``key`` while ``owner``'s lease holds (``documents.owner_filter``)."""
         record = self._events.get(key)
-        if (record is None or record.get("lease_owner") != owner
-                or record.get("event_status") != documents.PROCESSING):
-            return None
-        return record
+        return record if documents.holds(record, owner, self.now()) else None
 
-    def _finish(self, key: str, owner: str, fields: Mapping[str, Any]) -> bool:
+    def _finish(self, key: str, owner: str, fields: Mapping[str, Any],
+                parked: bool = False) -> bool:
         with self._lock:
             record = self._held(key, owner)
             if record is None:
@@ -178,15 +188,17 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
             record.update(_bson(fields))
             record.pop("lease_until", None)
             record.pop("lease_owner", None)
+            if parked:
+                record[documents.PARKS] = parking.parks(record) + 1
         return True
 
     def renew(self, key: str, owner: str, now: datetime) -> bool:
-        """Extend ``owner``'s lease on ``key`` to ``now + lease``; False when it is not held."""
+        """Extend ``owner``'s lease on ``key`` by a lease from this store's now, while it holds."""
         with self._lock:
             record = self._held(key, owner)
             if record is None:
                 return False
-            record["lease_until"] = documents.bson_time(documents.bson_time(now) + self._lease)
+            record.update(documents.renewed(self._lease, self.now()))
         return True
 
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
@@ -246,21 +258,28 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
 
     def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
         """Lease side effect ``key``: None when taken now, its record when already SUCCESS."""
-        moment = documents.bson_time(now)
         with self._lock:
             record = self._guards.get(key)
-            if not documents.guard_takeable(record, moment):
+            if not documents.guard_takeable(record, self.now()):
                 assert record is not None  # a missing record is always takeable
                 if record.get("status") == documents.SUCCESS:
                     return copy.deepcopy(record)
                 raise LeaseHeld({**copy.deepcopy(record), "idempotency_key": key})
-            taken: Record = record if record is not None else {"_id": key,
-                                                                "created_at": moment}
-            taken.update(status=documents.PROCESSING, lease_owner=owner, updated_at=moment,
-                         lease_until=documents.bson_time(moment + lease),
-                         attempts=int(taken.get("attempts", 0)) + 1)
-            self._guards[key] = taken
+            self._guards[key] = _bson({"_id": key, **documents.guard_taken(
+                record, self.now(), owner, lease)})
         return None
+
+    def guard_renew(self, key: str, owner: str, lease: timedelta) -> bool:
+        """Extend ``owner``'s guard lease on ``key`` from this store's now, while it holds."""
+        with self._lock:
+            record = self._guards.get(key)
+            now = self.now()
+            if record is None or record.get("lease_owner") != owner or \
+                    record.get("status") != documents.PROCESSING or \
+                    documents.lease_expired(record.get("lease_until"), now):
+                return False
+            record["lease_until"] = lease_end(now, lease)
+        return True
 
     def guard_finish(self, key: str, owner: str, now: datetime, *, succeeded: bool,
                      result: Mapping[str, Any]) -> bool:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from eventbus.clock import lease_end
 from eventbus.model.errors import AlreadyExists, Conflict, ContentRejected
 from eventbus.store import documents
 from eventbus.store.base import (
@@ -55,8 +56,12 @@ class MemoryBatchMixin:
         def _held(self, key: str, owner: str) -> Record | None:
             """``MemoryEventStore._held``."""
 
-        def _finish(self, key: str, owner: str, fields: Mapping[str, Any]) -> bool:
+        def _finish(self, key: str, owner: str, fields: Mapping[str, Any],
+                    parked: bool = False) -> bool:
             """``MemoryEventStore._finish``."""
+
+        def now(self) -> datetime:
+            """``MemoryEventStore.now``: the store's clock."""
 
         _lease: timedelta
 
@@ -71,8 +76,8 @@ class MemoryBatchMixin:
         if takes is None:
             return batch
         owner, held = uuid.uuid4().hex, {}
-        now = documents.bson_time(now)
         with self._lock:
+            now = self.now()
             for key, take in takes.items():
                 record = self._events.get(key)
                 if any(k in batch.taken for k in take.keys) and \
@@ -100,11 +105,13 @@ class MemoryBatchMixin:
 
     def finish_many(self, finishes: Sequence[Finish], now: datetime,
                     releases: Sequence[EntityRelease] = ()) -> Finished:
-        """Store every outcome, free the entities; say which leases were lost, children refused."""
-        lost, refused = set(), set()
+        """Store every outcome, free the entities; say which leases were lost, children refused,
+        and which releases did not take (their hold had lapsed)."""
+        lost, refused, unreleased = set(), set(), set()
         with self._lock:
             for release in releases:
-                self._release(release, now)
+                if not self._release(release, now):
+                    unreleased.add(release.entity_key)
             for finish in finishes:
                 try:
                     stored = self._finish_one(finish, now)
@@ -114,68 +121,67 @@ class MemoryBatchMixin:
                                        documents.error_document(exc, "content"), retryable=False)
                 if not stored:
                     lost.add(finish.key)
-        return Finished(frozenset(lost), frozenset(refused - lost))
+        return Finished(frozenset(lost), frozenset(refused - lost), frozenset(unreleased))
 
     def _finish_one(self, finish: Finish, now: datetime) -> bool:
         if finish.unclaim:
-            return self._unclaim(finish.key, finish.owner, now)
+            return self._unclaim(finish.key, finish.owner, now, finish.redrive_at)
         if finish.error is None and finish.extra:
             update = documents.succeed_update(now, finish.outbox, finish.extra)
             return self._finish(finish.key, finish.owner, update["$set"])
         if finish.error is None:
             return self.succeed(finish.key, finish.owner, now, finish.outbox)
-        return self.fail(finish.key, finish.owner, now, finish.error,
-                         retryable=finish.retryable, redrive_at=finish.redrive_at)
+        fields = documents.fail_fields(now, finish.error, retryable=finish.retryable,
+                                       redrive_at=finish.redrive_at)
+        return self._finish(finish.key, finish.owner, fields, parked=finish.parked)
 
-    def _unclaim(self, key: str, owner: str, now: datetime) -> bool:
+    def _unclaim(self, key: str, owner: str, now: datetime,
+                 redrive_at: datetime | None) -> bool:
         record = self._held(key, owner)
         if record is None:
             return False
-        record.update(event_status=documents.PENDING, lastUpdatedTime=documents.epoch_ms(now),
+        record.update(documents.unclaim_update(now, redrive_at)["$set"],
                       attempts=int(record.get("attempts") or 1) - 1)
         record.pop("lease_until", None)
         record.pop("lease_owner", None)
         return True
 
     def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
-        """Extend the entity holds still held, and return those keys."""
-        until = documents.bson_time(documents.bson_time(now) + self._lease)
+        """Extend the entity holds that still hold on this store's clock; return those keys."""
         held = set()
         with self._lock:
+            moment = self.now()
             for key, owner in holders.items():
-                holder = (self._events.get(key) or {}).get("holder")
-                if isinstance(holder, dict) and holder.get("owner") == owner:
-                    holder["until"] = until
+                record = self._events.get(key)
+                if documents.held_by(record, owner, moment):
+                    assert record is not None
+                    record["holder"]["until"] = lease_end(moment, self._lease)
                     held.add(key)
         return held
 
     def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
         """Hold each free entity for one new owner (``EventStore.take_entities``)."""
         owner, found = uuid.uuid4().hex, {}
-        now = documents.bson_time(now)
         with self._lock:
+            moment = self.now()
             for key, take in takes.items():
                 record = self._events.setdefault(key, {"idempotency_key": key})
-                if documents.entity_free(record, now):
-                    record.update(documents.taken_fields(record, take.entity, owner, now,
+                if documents.entity_free(record, moment):
+                    record.update(documents.taken_fields(record, take.entity, owner, moment,
                                                          self._lease, take.keys,
                                                          take.positions))
                 found[key] = copy.deepcopy(record)
         return EntityHolds(owner, found)
 
-    def _release(self, release: EntityRelease, now: datetime) -> None:
+    def _release(self, release: EntityRelease, now: datetime) -> bool:
+        # Fenced: only while this owner's hold holds on the store's clock.
         record = self._events.get(release.entity_key)
-        holder = (record or {}).get("holder")
-        if record is None or not isinstance(holder, Mapping) or \
-                holder.get("owner") != release.owner:
-            return
-        update = documents.release_update(now, release.position, release.applied_key)
-        record.update(update["$set"])
-        for name in update["$unset"]:
-            record.pop(name, None)
+        if record is None or not documents.held_by(record, release.owner, self.now()):
+            return False
+        documents.released(record, now, release.position, release.applied_key, release.orphan)
+        return True
 
     def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
         """Extend every lease still held; return those keys."""
         with self._lock:
             return {key for key, owner in owners.items() if self.renew(key, owner, now)}
-

@@ -148,23 +148,24 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
         """Take the lease on ``key`` in one round trip, or raise ``AlreadyExists``.
 
         A record is taken when it is new, PENDING, FAILED and retryable, or
-        PROCESSING under an expired lease. ``fields`` (``documents.event_fields``)
-        are stored only when the record is new. Otherwise ``AlreadyExists``
-        carries the record, which the claim left unchanged.
+        PROCESSING under a lease that ran out on the server's clock (``$$NOW``).
+        ``fields`` (``documents.event_fields``) are stored only when the record
+        is new. The server returns the record as the claim left it: taken when
+        its owner is this claim's. Otherwise ``AlreadyExists`` carries the
+        record, which the claim left unchanged.
         """
-        now = documents.bson_time(now)
         owner = uuid.uuid4().hex
-        update = documents.claim_pipeline(fields, now, owner=owner, lease=self._lease,
-                                        created_by=self._created_by, retention=self._retention)
-        previous = self._take(key, update)
-        fingerprint = str(fields.get("payload_fingerprint") or "")
-        if documents.conflicts(previous, fingerprint):
-            raise Conflict(previous or {})
-        if previous is not None and not documents.claimable(previous, now, fingerprint):
-            raise AlreadyExists(previous)
-        return Claim(attempt=documents.next_attempt(previous), owner=owner, previous=previous)
+        update = documents.claim_pipeline(fields, documents.bson_time(now), owner=owner,
+                                        lease=self._lease, created_by=self._created_by,
+                                        retention=self._retention, shift=self._shift)
+        record = self._take(key, update)
+        if record.get("lease_owner") == owner:
+            return Claim(attempt=int(record.get("attempts") or 1), owner=owner, record=record)
+        if documents.conflicts(record, str(fields.get("payload_fingerprint") or "")):
+            raise Conflict(record)
+        raise AlreadyExists(record)
 
-    def _take(self, key: str, update: list[dict[str, Any]]) -> Record | None:
+    def _take(self, key: str, update: list[dict[str, Any]]) -> Record:
         with _unavailable("claim", key):
             try:
                 return self._find_one_and_update(key, update)
@@ -173,11 +174,11 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
                 # the document exists now, so a second try reads it.
                 return self._find_one_and_update(key, update)
 
-    def _find_one_and_update(self, key: str, update: list[dict[str, Any]]) -> Record | None:
-        previous: Record | None = self._collection.find_one_and_update(
+    def _find_one_and_update(self, key: str, update: list[dict[str, Any]]) -> Record:
+        record: Record = self._collection.find_one_and_update(
             documents.key_filter(key), update, upsert=True,
-            return_document=ReturnDocument.BEFORE)
-        return previous
+            return_document=ReturnDocument.AFTER)
+        return record
 
     def succeed(self, key: str, owner: str, now: datetime,
                 outbox: Sequence[Mapping[str, Any]] = ()) -> bool:
@@ -190,35 +191,45 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
         update = documents.fail_update(now, error, retryable=retryable, redrive_at=redrive_at)
         return self._finish(key, owner, update, "fail")
 
-    def redrivable(self, now: datetime, stale_before: datetime, limit: int,
-                   exclude: Collection_[str] = ()) -> list[Record]:
-        """Return up to ``limit`` records due for a redrive, the longest due first."""
+    def redrivable(self, limit: int, exclude: Collection_[str] = ()) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive on the server's clock, longest due
+        first."""
         with _unavailable("find redrivable", "events"):
-            cursor = self._collection.find(documents.redrive_filter(now, stale_before, exclude))
+            cursor = self._collection.find(documents.redrive_filter(self.now(), self._lease,
+                                                                    exclude))
             return list(cursor.sort("redrive_at", ASCENDING).limit(limit))
 
     def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
-        """Count a redrive of ``key``; False when another sweeper counted it first."""
+        """Count a redrive of ``key``; False when another sweeper counted it first, or a live
+        worker holds it."""
         with _unavailable("mark redriven", key):
-            done = self._collection.update_one(documents.redriven_filter(key, redrives),
-                                               documents.redriven_update(next_at))
-        return done.matched_count == 1
+            done = self._collection.update_one(
+                documents.redriven_filter(key, redrives),
+                documents.redriven_update(next_at, self._lease, self._shift))
+        return done.modified_count == 1
 
     def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
-        """Give ``key`` up for good (FAILED, not retryable); False unless retryable or stale."""
+        """Give ``key`` up for good (FAILED, not retryable); False unless retryable, PENDING or
+        stale on the server's clock."""
         with _unavailable("abandon", key):
-            done = self._collection.update_one(documents.abandon_filter(key, now - self._lease),
-                                               documents.abandon_update(now, error))
-        return done.matched_count == 1
+            done = self._collection.update_one(
+                documents.abandon_filter(key),
+                documents.abandon_update(now, error, self._lease, self._shift))
+        return done.modified_count == 1
 
-    def _finish(self, key: str, owner: str, update: Mapping[str, Any], action: str) -> bool:
+    def _finish(self, key: str, owner: str, update: Mapping[str, Any] | list[Any],
+                action: str) -> bool:
+        # Fenced: ``owner``'s, and its lease has not run out on the server's clock.
+        fenced = update if isinstance(update, list) else \
+            documents.guarded(update, documents.live("$lease_until", self._shift))
         with _unavailable(action, key):
-            result = self._collection.update_one(documents.owner_filter(key, owner), update)
-        return result.matched_count == 1
+            result = self._collection.update_one(documents.owner_filter(key, owner), fenced)
+        return result.modified_count == 1
 
     def renew(self, key: str, owner: str, now: datetime) -> bool:
-        """Extend ``owner``'s lease on ``key`` to ``now + lease``; False when it is not held."""
-        return self._finish(key, owner, documents.renew_update(now, self._lease), "renew")
+        """Extend ``owner``'s lease on ``key`` by a lease from the server's now, while it holds."""
+        return self._finish(key, owner, documents.renew_update(self._lease, self._shift),
+                            "renew")
 
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
                error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
@@ -274,18 +285,28 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
         return documents.entry_filter(entry.parent_key, entry.index, entry.key)
 
     def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
-        """Lease side effect ``key``: None when taken now, its record when already SUCCESS."""
-        update = documents.guard_take_update(now, owner, lease)
+        """Lease side effect ``key`` (one round trip, decided on the server's clock): None when
+        taken now, its record when already SUCCESS; ``LeaseHeld`` when another holds it."""
+        update = documents.guard_take(now, owner, lease, self._shift)
         with _unavailable("lease", key):
             try:
-                self._guards.update_one(documents.guard_take_filter(key, now), update, upsert=True)
-                return None
-            except DuplicateKeyError:
-                # The record exists and may not be leased now: done, or held elsewhere.
-                record: Record = self._guards.find_one({"_id": key}) or {"_id": key}
+                found: Record | None = self._guards.find_one_and_update(
+                    {"_id": key}, update, upsert=True, return_document=ReturnDocument.AFTER)
+            except DuplicateKeyError:  # two first takes raced: the record exists now
+                found = self._guards.find_one_and_update(
+                    {"_id": key}, update, upsert=True, return_document=ReturnDocument.AFTER)
+        record: Record = found or {"_id": key}
+        if record.get("lease_owner") == owner and record.get("status") == documents.PROCESSING:
+            return None
         if record.get("status") == documents.SUCCESS:
             return record
         raise LeaseHeld({**record, "idempotency_key": key})
+
+    def guard_renew(self, key: str, owner: str, lease: timedelta) -> bool:
+        """Extend ``owner``'s guard lease on ``key`` from the server's now, while it holds."""
+        found, update = documents.guard_renewal(key, owner, lease, self._shift)
+        with _unavailable("renew lease", key):
+            return self._guards.update_one(found, update).modified_count == 1
 
     def guard_finish(self, key: str, owner: str, now: datetime, *, succeeded: bool,
                      result: Mapping[str, Any]) -> bool:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo import InsertOne, ReturnDocument, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError
 
+from eventbus.clock import Shift
 from eventbus.model.errors import ContentRejected
 from eventbus.store import documents
 from eventbus.store.base import (
@@ -72,8 +73,12 @@ class MongoBatchMixin:
     _created_by: str
     _retention: timedelta
     _lease: timedelta
+    _shift: Shift
 
     if TYPE_CHECKING:  # provided by MongoEventStore
+        def now(self) -> datetime:
+            """``MongoEventStore.now``: the server's clock as last read."""
+
         def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
             """``MongoEventStore.claim``."""
 
@@ -102,13 +107,18 @@ class MongoBatchMixin:
         if len(items) == 1:
             return self._with_holds(claim_of_one(self.claim, *next(iter(items.items())), now),
                                     takes, now)
-        now, owner = documents.bson_time(now), uuid.uuid4().hex
+        # New records are inserted (the cheap write shape), so their lease is
+        # the server's clock as this process last read it (``now()``); every
+        # later decision on them is the server's own (``$$NOW``). The caller's
+        # ``now`` stamps their audit fields, as a single claim's does.
+        now, moment, owner = documents.bson_time(now), self.now(), uuid.uuid4().hex
         keys, entity_keys = list(items), list(takes or {})
         rules = {"owner": owner, "lease": self._lease, "created_by": self._created_by,
                  "retention": self._retention}
-        inserts = [InsertOne(documents.new_record(key, items[key], now, **rules))  # type: ignore[arg-type]
+        inserts = [InsertOne(documents.new_record(key, items[key], now, **rules,  # type: ignore[arg-type]
+                                                  lease_from=moment))
                    for key in keys]
-        fresh = {key: self._held_record(key, take, owner, now)
+        fresh = {key: self._held_record(key, take, owner, moment)
                  for key, take in (takes or {}).items()}
         inserts += [InsertOne(record) for record in fresh.values()]
         with unavailable("claim batch", "batch"):
@@ -117,11 +127,12 @@ class MongoBatchMixin:
                     if i not in refused and i not in existing}
             existing_events = [i for i in existing if i < len(keys)]
             upserts = [UpdateOne(documents.key_filter(keys[i]), documents.claim_pipeline(
-                items[keys[i]], now, **rules), upsert=True)  # type: ignore[arg-type]
+                items[keys[i]], now, **rules, shift=self._shift), upsert=True)  # type: ignore[arg-type]
                 for i in existing_events]
             _, again = _bulk(self._collection, upserts)
             refused |= {existing_events[i] for i in again}
-            held |= self._hold(takes or {}, [k for k in entity_keys if k not in held], owner, now)
+            held |= self._hold(takes or {}, [k for k in entity_keys if k not in held], owner,
+                               moment)
             found = self._collection.find({"idempotency_key": {"$in": keys}})
             records = {str(record["idempotency_key"]): record for record in found}
         claimed = _split(records, owner)
@@ -130,7 +141,7 @@ class MongoBatchMixin:
         if takes is None:
             return batch
         with unavailable("claim batch", "batch"):
-            return self._kept(batch, takes, held, owner, now, fresh)
+            return self._kept(batch, takes, held, owner, moment, fresh)
 
     def _claim_and_hold(self, key: str, fields: Mapping[str, Any], now: datetime,
                         entity_key: str, take: EntityTake) -> BatchClaim:
@@ -138,20 +149,24 @@ class MongoBatchMixin:
         # query only a new key fails to match), then the entity's hold. An
         # event that exists fails the first statement on the unique key, which
         # stops the command before the hold: it is claimed the usual way.
-        now, owner = documents.bson_time(now), uuid.uuid4().hex
+        # An insert: its lease runs from the server's clock as last read; the
+        # caller's ``now`` stamps it, as a single claim's does.
+        moment, owner = self.now(), uuid.uuid4().hex
         record = documents.new_record(key, fields, now, owner=owner, lease=self._lease,
-                                      created_by=self._created_by, retention=self._retention)
+                                      created_by=self._created_by, retention=self._retention,
+                                      lease_from=moment)
         pinned = {"idempotency_key": key, "lease_owner": owner}
         claim = UpdateOne(pinned, {"$setOnInsert": {name: value for name, value in record.items()
                                                      if name not in pinned}}, upsert=True)
         with unavailable("claim", key):
             failed = _ordered_errors(self._collection,
-                                     [claim, self._hold_one(entity_key, take, owner, now)])
+                                     [claim, self._hold_one(entity_key, take, owner, moment)])
         if 0 in failed:  # the event exists (or its content is refused): the usual claim
             return self._with_holds(claim_of_one(self.claim, key, fields, now),
                                     {entity_key: take}, now)
-        holds = {} if 1 in failed else {entity_key: self._held_record(entity_key, take, owner, now)}
-        return BatchClaim({key: Claim(attempt=1, owner=owner, previous=None)}, {},
+        holds = {} if 1 in failed else {entity_key: self._held_record(entity_key, take, owner,
+                                                                      moment)}
+        return BatchClaim({key: Claim(attempt=1, owner=owner, record=record)}, {},
                           holds=EntityHolds(owner, holds))
 
     def _with_holds(self, batch: BatchClaim, takes: Mapping[str, EntityTake] | None,
@@ -182,7 +197,7 @@ class MongoBatchMixin:
         """The conditional upsert that holds one entity (``documents.hold_filter``)."""
         return UpdateOne(documents.hold_filter(entity_key, min(take.positions)),
                          documents.hold_update(take.entity, owner, now, self._lease, take.keys,
-                                               take.positions), upsert=True)
+                                               take.positions, self._shift), upsert=True)
 
     def _kept(self, batch: BatchClaim, takes: Mapping[str, EntityTake], held: set[str],
               owner: str, now: datetime, records: Mapping[str, Record]) -> BatchClaim:
@@ -190,7 +205,7 @@ class MongoBatchMixin:
         used = {key for key in held if any(k in batch.taken for k in takes[key].keys)}
         if used != held:
             self._collection.bulk_write([UpdateOne(documents.holder_filter(key, owner),
-                                                   documents.release_update(now))
+                                                   documents.release_update(now, shift=self._shift))
                                          for key in sorted(held - used)], ordered=False)
         # What the insert wrote, or the hold set (the insert's own _id aside).
         holds = {key: {name: value for name, value in records[key].items() if name != "_id"}
@@ -205,20 +220,32 @@ class MongoBatchMixin:
         if not finishes and not releases:
             return Finished()
         stamp = documents.epoch_ms(now)
-        writes = [UpdateOne(documents.owner_filter(f.key, f.owner), documents.finish_update(f, now))
+        live = documents.live("$lease_until", self._shift)
+        writes = [UpdateOne(documents.owner_filter(f.key, f.owner),
+                            documents.guarded(documents.finish_update(f, now), live))
                   for f in finishes]
         writes += [UpdateOne(documents.holder_filter(r.entity_key, r.owner),
-                             documents.release_update(now, r.position, r.applied_key))
+                             documents.release_update(now, r.position, r.applied_key, r.orphan,
+                                                      self._shift))
                    for r in releases]
         with unavailable("finish batch", "batch"):
-            matched, refused = _bulk(self._collection, writes)
+            matched, refused = _bulk(self._collection, writes, modified=True)
             if refused:  # children the store cannot hold: FAILED for good, as for one event
                 matched += self._refuse(finishes, refused, now)
             keys = frozenset(finishes[i].key for i in refused)
             if matched >= len(writes):
                 return Finished(refused=keys)
             lost = self._not_finished(finishes, stamp)
-            return Finished(frozenset(lost), keys - lost)
+            unreleased = self._not_finished_entities(releases, stamp)
+            return Finished(frozenset(lost), keys - lost, frozenset(unreleased))
+
+    def _not_finished_entities(self, releases: Sequence[EntityRelease], stamp: str) -> set[str]:
+        if not releases:
+            return set()
+        keys = [release.entity_key for release in releases]
+        found = {str(r["idempotency_key"]): r for r in self._collection.find(
+            {"idempotency_key": {"$in": keys}}, {"idempotency_key": 1, "lastUpdatedTime": 1})}
+        return {key for key in keys if found.get(key, {}).get("lastUpdatedTime") != stamp}
 
     def _finish_one(self, finish: Finish, now: datetime) -> Finished:
         try:
@@ -232,25 +259,27 @@ class MongoBatchMixin:
         return Finished(lost=frozenset() if stored else frozenset({finish.key}))
 
     def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
-        """Extend the entity holds still held (one round trip), and return those keys."""
+        """Extend the entity holds that still hold on the server's clock (one round trip);
+        return those keys."""
         if not holders:
             return set()
-        until = documents.bson_time(documents.bson_time(now) + self._lease)
-        writes = [UpdateOne(documents.holder_filter(key, owner), {"$set": {"holder.until": until}})
+        writes = [UpdateOne(documents.holder_filter(key, owner),
+                            documents.hold_renewal(self._lease, self._shift))
                   for key, owner in holders.items()]
         with unavailable("renew entities", "batch"):
-            if _bulk(self._collection, writes)[0] == len(holders):
+            if _bulk(self._collection, writes, modified=True)[0] == len(holders):
                 return set(holders)
             found = self._collection.find({"idempotency_key": {"$in": list(holders)}},
                                           {"idempotency_key": 1, "holder": 1})
+            moment = self.now()
             return {str(r["idempotency_key"]) for r in found
-                    if (r.get("holder") or {}).get("owner") == holders[str(r["idempotency_key"])]}
+                    if documents.held_by(r, holders[str(r["idempotency_key"])], moment)}
 
     def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
         """Hold each free entity for one new owner (``EventStore.take_entities``)."""
-        now, owner = documents.bson_time(now), uuid.uuid4().hex
+        now, owner = self.now(), uuid.uuid4().hex
         updates = {key: documents.take_pipeline(take.entity, owner, now, self._lease, take.keys,
-                                                take.positions)
+                                                take.positions, self._shift)
                    for key, take in takes.items()}  # the rule for entities that exist
         with unavailable("take entities", "batch"):
             if len(updates) == 1:
@@ -274,10 +303,12 @@ class MongoBatchMixin:
     def _refuse(self, finishes: Sequence[Finish], refused: set[int], now: datetime) -> int:
         error = documents.error_document(
             ContentRejected("finish: the store refused the content (the children)"), "content")
+        live = documents.live("$lease_until", self._shift)
         writes = [UpdateOne(documents.owner_filter(finishes[i].key, finishes[i].owner),
-                            documents.fail_update(now, error, retryable=False))
+                            documents.guarded(documents.fail_update(now, error, retryable=False),
+                                              live))
                   for i in sorted(refused)]
-        return _bulk(self._collection, writes)[0]
+        return _bulk(self._collection, writes, modified=True)[0]
 
     def _not_finished(self, finishes: Sequence[Finish], stamp: str) -> set[str]:
         keys = [finish.key for finish in finishes]
@@ -291,7 +322,7 @@ class MongoBatchMixin:
         """Extend every lease still held at once; return those keys."""
         if not owners:
             return set()
-        update = documents.renew_update(now, self._lease)
+        update = documents.renew_update(self._lease, self._shift)
         by_owner: dict[str, list[str]] = {}
         for key, owner in owners.items():
             by_owner.setdefault(owner, []).append(key)
@@ -299,10 +330,12 @@ class MongoBatchMixin:
                               "event_status": documents.PROCESSING}, update)
                   for owner, keys in by_owner.items()]
         with unavailable("renew batch", "batch"):
-            if _bulk(self._collection, writes)[0] == len(owners):
+            if _bulk(self._collection, writes, modified=True)[0] == len(owners):
                 return set(owners)
+            # Which ones took: those whose lease now ends after the store's now.
             held = self._collection.find({"idempotency_key": {"$in": list(owners)},
-                                          "event_status": documents.PROCESSING},
+                                          "event_status": documents.PROCESSING,
+                                          "lease_until": {"$gt": self.now()}},
                                          {"idempotency_key": 1, "lease_owner": 1})
             return {str(r["idempotency_key"]) for r in held
                     if owners.get(str(r["idempotency_key"])) == r.get("lease_owner")}
@@ -338,8 +371,10 @@ def _ordered_errors(collection: Any, writes: list[Any], ordered: bool = True) ->
     return set()
 
 
-def _bulk(collection: Any, writes: list[Any]) -> tuple[int, set[int]]:
-    """Run ``writes`` unordered; return how many matched and which (by index) the store refused.
+def _bulk(collection: Any, writes: list[Any], modified: bool = False) -> tuple[int, set[int]]:
+    """Run ``writes`` unordered; return how many matched (``modified``: changed, which is
+    what a fenced write that did not take leaves unchanged) and which (by index) the store
+    refused.
 
     A lost upsert race (two workers inserting one new key) is not an error: the
     read that follows says who took the key. Content the store refuses is
@@ -355,8 +390,8 @@ def _bulk(collection: Any, writes: list[Any]) -> tuple[int, set[int]]:
         if any(e.get("code") != DUPLICATE_KEY and int(e["index"]) not in refused
                for e in errors):
             raise
-        return int(exc.details.get("nMatched", 0)), refused
-    return int(result.matched_count), set()
+        return int(exc.details.get("nModified" if modified else "nMatched", 0)), refused
+    return int(result.modified_count if modified else result.matched_count), set()
 
 
 def _split(records: dict[str, Record], owner: str) -> BatchClaim:
@@ -365,7 +400,7 @@ def _split(records: dict[str, Record], owner: str) -> BatchClaim:
         if record.get("lease_owner") == owner and \
                 record.get("event_status") == documents.PROCESSING:
             taken[key] = Claim(attempt=int(record.get("attempts") or 1), owner=owner,
-                               previous=record)
+                               record=record)
         else:
             others[key] = record
     return BatchClaim(taken, others)

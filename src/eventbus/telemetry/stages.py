@@ -154,7 +154,7 @@ class StageTelemetry(Middleware):
     def _close(self, item: Item, message: Observed) -> None:
         if item.routed:  # routed, so trusted: it may label a metric series
             message.event_type = text(item.event_type, 128)
-        message.replayed = bool(item.claim and (item.claim.previous or {}).get("replays"))
+        message.replayed = bool(item.claim and item.claim.record.get("replays"))
         if item.result is not None:
             message.done(item.result)
         if message.span is not None:

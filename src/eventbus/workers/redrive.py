@@ -85,12 +85,12 @@ class Redriver:
         someone else) stay due; the pass reads past them, page by page, so
         however many there are they never starve the others.
         """
-        now = self.now()
+        # The store's clock: what is due, and when the next redrive is, are its to say.
+        now = self.store.now()
         report, seen = RedriveReport(), set[str]()
         self._gate = Gate(self.store, self.settings, now)
         while report.republished + report.abandoned < limit:
-            page = self.store.redrivable(now, now - self.store.lease,
-                                         limit - report.republished - report.abandoned, seen)
+            page = self.store.redrivable(limit - report.republished - report.abandoned, seen)
             if not page:
                 break
             for record in page:

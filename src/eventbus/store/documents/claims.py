@@ -2,8 +2,14 @@
 
 The rule exists twice, once as an aggregation expression that the server
 evaluates inside the claim's single round trip (``claim_pipeline``), and once
-in Python (``claimable``) to read the before-image the server returns. The
-store tests check that the two agree on generated documents.
+in Python (``claimable``) for the in-memory store. The store tests check that
+the two agree on generated documents.
+
+Time: the server decides whether a lease ran out, and when the new one ends,
+on its own clock (``$$NOW``, ``eventbus.clock.store_now``); the caller's
+``now`` only stamps the audit fields (``lastUpdatedTime``, the attempt map,
+``created``). A claim returns the record as it left it, so whether it took
+the record is read off the result (its ``lease_owner`` is the claim's owner).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventbus.clock import Shift, store_now
 from eventbus.store.documents.records import (
     AUDIT_FIELDS,
     EPOCH,
@@ -112,7 +119,8 @@ def next_attempt(previous: Mapping[str, Any] | None) -> int:
 
 
 def claim_pipeline(fields: Mapping[str, Any], now: datetime, *, owner: str, lease: timedelta,
-                   created_by: str, retention: timedelta) -> list[dict[str, Any]]:
+                   created_by: str, retention: timedelta,
+                   shift: Shift | None = None) -> list[dict[str, Any]]:
     """Return the update pipeline of the claim's ``find_one_and_update``.
 
     Stage one decides, on the document as it was, whether it is new and
@@ -124,14 +132,14 @@ def claim_pipeline(fields: Mapping[str, Any], now: datetime, *, owner: str, leas
     fingerprint = str(fields.get("payload_fingerprint") or "")
     redo = _redo_expression(fingerprint)
     decide = {"$set": {_NEW: new, _REDO: redo,
-                       _TAKE: {"$or": [redo, _take_expression(now, fingerprint)]}}}
+                       _TAKE: {"$or": [redo, _take_expression(fingerprint, shift)]}}}
     fresh = {"$or": [f"${_NEW}", f"${_REDO}"]}
     on_insert = {name: {"$cond": [f"${_NEW}" if name in AUDIT_FIELDS else fresh,
                                   {"$literal": value}, f"${name}"]}
                  for name, value in insert_fields(fields, now, created_by=created_by,
                                                   retention=retention).items()}
     taken = {name: _when(_TAKE, value, name)
-             for name, value in _taken_fields(fields, now, owner, lease).items()}
+             for name, value in _taken_fields(fields, now, owner, lease, shift).items()}
     return [decide, {"$set": {**_redo_fields(), **on_insert, **taken}},
             {"$unset": [_NEW, _TAKE, _REDO]}]
 
@@ -159,13 +167,13 @@ def _when_not(flag: str, name: str) -> dict[str, Any]:
     return {"$cond": [f"${flag}", "$$REMOVE", f"${name}"]}
 
 
-def _take_expression(now: datetime, fingerprint: str) -> dict[str, Any]:
+def _take_expression(fingerprint: str, shift: Shift | None) -> dict[str, Any]:
     status = {"$ifNull": ["$event_status", ""]}
     state = {"$or": [
         {"$in": [status, ["", PENDING]]},
         {"$and": [{"$eq": [status, FAILED]}, {"$eq": ["$retryable", True]}]},
         {"$and": [{"$eq": [status, PROCESSING]},
-                  {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, bson_time(now)]}]},
+                  {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, store_now(shift)]}]},
     ]}
     if not fingerprint:
         return state
@@ -179,11 +187,11 @@ def _when(flag: str, value: Any, name: str) -> dict[str, Any]:
 
 
 def _taken_fields(fields: Mapping[str, Any], now: datetime, owner: str,
-                  lease: timedelta) -> dict[str, Any]:
+                  lease: timedelta, shift: Shift | None) -> dict[str, Any]:
     attempt = {"$add": [{"$ifNull": ["$attempts", 0]}, 1]}
     return {
         "event_status": PROCESSING,
-        "lease_until": bson_time(bson_time(now) + lease),
+        "lease_until": store_now(shift, lease),
         "lease_owner": owner,
         "attempts": attempt,
         "lastUpdatedTime": epoch_ms(now),

@@ -16,10 +16,14 @@ it rides in the same bulk write as its events' finish: one round trip), under
     lastUpdatedTime   epoch-ms text
 
 A take (``take_pipeline`` / ``entity_free``) holds a free entity, or one
-whose holder's lease ran out (that holder's events become the ``orphan``: the
+whose holder's lease ran out (that holder's events join the ``orphan``: the
 new holder reads their records and applies the newest that succeeded, so a
 crash between an event's SUCCESS and its release never lets an older event
-through). A release (``release_update``) stores the new position and frees it.
+through). Orphans accumulate: a take adds the lapsed holder's keys to those
+already there, so two crashes in a row lose nothing. A release
+(``release_update``) is fenced (it matches only while its owner's hold
+holds on the store's clock), moves the position only forward (a ``$max``),
+and keeps the orphan keys whose records its holder did not see finished.
 
 A **hold** (``hold_filter`` / ``hold_update``, an upsert) is the take's cheap
 form, for the common cases only, sent in the claim's own write command: it
@@ -36,7 +40,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from eventbus.store.documents.records import bson_time, epoch_ms
+from eventbus.clock import Shift, lease_end, store_now
+from eventbus.store.documents.records import EPOCH, bson_time, epoch_ms
+from eventbus.store.documents.updates import beat, guarded
 
 ENTITY = "entity"
 RECORD_TYPE = "record_type"
@@ -65,29 +71,43 @@ def taken_fields(record: Mapping[str, Any] | None, entity: Mapping[str, Any], ow
     previous = (record or {}).get("holder")
     fields: dict[str, Any] = {
         RECORD_TYPE: ENTITY, "entity": dict((record or {}).get("entity") or entity),
-        "holder": {"owner": owner, "until": bson_time(bson_time(now) + lease),
+        "holder": {"owner": owner, "until": lease_end(now, lease),
                    "keys": list(keys), "positions": list(positions)},
-        "lastUpdatedTime": epoch_ms(now), "orphan": None}
+        "lastUpdatedTime": epoch_ms(now), "orphan": (record or {}).get("orphan")}
     if isinstance(previous, Mapping) and previous.get("owner"):
-        fields["orphan"] = {"keys": list(previous.get("keys") or []),
-                            "positions": list(previous.get("positions") or [])}
+        fields["orphan"] = orphaned(fields["orphan"], previous)
     return fields
 
 
+def orphaned(orphan: Any, holder: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``orphan`` with a lapsed ``holder``'s keys and positions added (they accumulate)."""
+    kept = orphan if isinstance(orphan, Mapping) else {}
+    return {"keys": [*(kept.get("keys") or []), *(holder.get("keys") or [])],
+            "positions": [*(kept.get("positions") or []), *(holder.get("positions") or [])]}
+
+
 def take_pipeline(entity: Mapping[str, Any], owner: str, now: datetime, lease: timedelta,
-                  keys: Sequence[str], positions: Sequence[Any]) -> list[dict[str, Any]]:
-    """The update pipeline of a take (an upsert): hold the entity when it is free."""
-    now = bson_time(now)
+                  keys: Sequence[str], positions: Sequence[Any],
+                  shift: Shift | None = None) -> list[dict[str, Any]]:
+    """The update pipeline of a take (an upsert): hold the entity when it is free.
+
+    Free: nobody holds it, or its holder's ``until`` is before the store's now.
+    """
     free = {"$or": [{"$eq": [{"$ifNull": ["$holder.owner", None]}, None]},
-                    {"$lt": [{"$ifNull": ["$holder.until", bson_time(now - lease)]}, now]}]}
-    holder = {"owner": owner, "until": bson_time(now + lease), "keys": {"$literal": list(keys)},
+                    {"$lt": [{"$ifNull": ["$holder.until", EPOCH]}, store_now(shift)]}]}
+    holder = {"owner": owner, "until": store_now(shift, lease), "keys": {"$literal": list(keys)},
               "positions": {"$literal": list(positions)}}
-    orphan = {"$cond": [{"$eq": [{"$ifNull": ["$holder.owner", None]}, None]}, None,
-                        {"keys": "$holder.keys", "positions": "$holder.positions"}]}
+    joined = {"keys": {"$concatArrays": [{"$ifNull": ["$orphan.keys", []]},
+                                         {"$ifNull": ["$holder.keys", []]}]},
+              "positions": {"$concatArrays": [{"$ifNull": ["$orphan.positions", []]},
+                                              {"$ifNull": ["$holder.positions", []]}]}}
+    orphan = {"$cond": [{"$eq": [{"$ifNull": ["$holder.owner", None]}, None]},
+                        {"$ifNull": ["$orphan", None]}, joined]}
     return [{"$set": {"__eventbus_free": free}},
             {"$set": {RECORD_TYPE: ENTITY,
                       "entity": {"$ifNull": ["$entity", {"$literal": dict(entity)}]},
-                      "orphan": {"$cond": ["$__eventbus_free", orphan, "$orphan"]},
+                      "orphan": {"$cond": ["$__eventbus_free", orphan,
+                                           {"$ifNull": ["$orphan", None]}]},
                       "holder": {"$cond": ["$__eventbus_free", holder, "$holder"]},
                       "lastUpdatedTime": {"$cond": ["$__eventbus_free", epoch_ms(now),
                                                     "$lastUpdatedTime"]}}},
@@ -101,7 +121,7 @@ def hold_filter(entity_key: str, lowest: Any) -> dict[str, Any]:
     duplicate key (MongoDB retries only queries of equalities on exactly the
     unique index's fields): the error is the answer "not held by this hold".
     """
-    return {"idempotency_key": entity_key, "holder": {"$exists": False},
+    return {"idempotency_key": entity_key, "holder": {"$exists": False}, "orphan": None,
             "$or": [{"position": {"$exists": False}}, {"position": {"$lte": lowest}}]}
 
 
@@ -110,17 +130,23 @@ def holdable(record: Mapping[str, Any] | None, lowest: Any) -> bool:
     if record is None:
         return True
     position = record.get("position")
-    return "holder" not in record and (position is None or position <= lowest)
+    return "holder" not in record and record.get("orphan") is None and \
+        (position is None or position <= lowest)
 
 
 def hold_update(entity: Mapping[str, Any], owner: str, now: datetime, lease: timedelta,
-                keys: Sequence[str], positions: Sequence[Any]) -> dict[str, Any]:
-    """The update of a hold (an upsert under ``hold_filter``): set the holder."""
-    now = bson_time(now)
-    return {"$set": {"holder": {"owner": owner, "until": bson_time(now + lease),
-                                "keys": list(keys), "positions": list(positions)},
-                     "lastUpdatedTime": epoch_ms(now)},
-            "$setOnInsert": {RECORD_TYPE: ENTITY, "entity": dict(entity)}}
+                keys: Sequence[str], positions: Sequence[Any],
+                shift: Shift | None = None) -> list[dict[str, Any]]:
+    """The update of a hold (an upsert under ``hold_filter``): set the holder.
+
+    A pipeline, so the hold ends at the store's now plus ``lease``.
+    """
+    return [{"$set": {"holder": {"owner": owner, "until": store_now(shift, lease),
+                                 "keys": {"$literal": list(keys)},
+                                 "positions": {"$literal": list(positions)}},
+                      "lastUpdatedTime": epoch_ms(now),
+                      RECORD_TYPE: {"$ifNull": [f"${RECORD_TYPE}", ENTITY]},
+                      "entity": {"$ifNull": ["$entity", {"$literal": dict(entity)}]}}}]
 
 
 def held_record(entity_key: str, entity: Mapping[str, Any], owner: str, now: datetime,
@@ -135,14 +161,66 @@ def held_record(entity_key: str, entity: Mapping[str, Any], owner: str, now: dat
 
 
 def holder_filter(entity_key: str, owner: str) -> dict[str, Any]:
-    """The filter that matches the entity only while ``owner`` holds it."""
+    """The filter that matches the entity while ``owner`` is its holder (the writes that use
+    it check, on the server's clock, that the hold has not run out: ``hold_live``)."""
     return {"idempotency_key": entity_key, "holder.owner": owner}
 
 
-def release_update(now: datetime, position: Any = None,
-                   applied_key: str = "") -> dict[str, Any]:
-    """Free the entity; with ``position``, store it as applied (by ``applied_key``)."""
+def hold_live(shift: Shift | None = None) -> dict[str, Any]:
+    """The expression that the holder's hold has not run out on the store's clock."""
+    return {"$gt": [{"$ifNull": ["$holder.until", EPOCH]}, store_now(shift)]}
+
+
+def held_by(record: Mapping[str, Any] | None, owner: str, now: datetime) -> bool:
+    """True while ``owner``'s hold on ``record`` holds at ``now``. Mirrors ``holder_filter``."""
+    holder = (record or {}).get("holder")
+    if not isinstance(holder, Mapping) or holder.get("owner") != owner:
+        return False
+    until = holder.get("until")
+    return isinstance(until, datetime) and bson_time(until) > bson_time(now)
+
+
+def hold_renewal(lease: timedelta, shift: Shift | None = None) -> list[dict[str, Any]]:
+    """The update that extends a hold that still holds to the store's now plus ``lease``."""
+    return guarded([{"$set": {"holder.until": store_now(shift, lease),
+                              "holder.beats": beat("holder.beats")}}], hold_live(shift))
+
+
+def release_update(now: datetime, position: Any = None, applied_key: str = "",
+                   orphan: Mapping[str, Sequence[Any]] | None = None,
+                   shift: Shift | None = None) -> list[dict[str, Any]]:
+    """Free the entity; with ``applied_key``, store ``position`` as applied unless one is ahead.
+
+    The position only moves forward (a newer SUCCESS another holder stored
+    stays); ``orphan``: the orphan keys whose records the holder did not see
+    finished, kept for the next holder (None or empty: none left).
+    """
     done: dict[str, Any] = {"lastUpdatedTime": epoch_ms(now)}
     if applied_key:
-        done.update(position=position, applied_key=applied_key, applied_at=bson_time(now))
-    return {"$set": done, "$unset": {"holder": "", "orphan": ""}}
+        ahead = {"$or": [{"$eq": [{"$ifNull": ["$position", None]}, None]},
+                         {"$gt": [{"$literal": position}, "$position"]}]}
+        done.update({"position": {"$cond": [ahead, {"$literal": position}, "$position"]},
+                     "applied_key": {"$cond": [ahead, applied_key, "$applied_key"]},
+                     "applied_at": {"$cond": [ahead, bson_time(now), "$applied_at"]}})
+    left = orphan if orphan and orphan.get("keys") else None
+    if left is not None:
+        done["orphan"] = {"$literal": {"keys": list(left["keys"]),
+                                       "positions": list(left.get("positions") or [])}}
+    return guarded([{"$set": done},
+                    {"$unset": ["holder", *([] if left is not None else ["orphan"])]}],
+                   hold_live(shift))
+
+
+def released(record: dict[str, Any], now: datetime, position: Any = None,
+             applied_key: str = "", orphan: Mapping[str, Sequence[Any]] | None = None) -> None:
+    """Apply ``release_update`` to ``record`` in place (the in-memory store's form)."""
+    record["lastUpdatedTime"] = epoch_ms(now)
+    current = record.get("position")
+    if applied_key and (current is None or position > current):
+        record.update(position=position, applied_key=applied_key, applied_at=bson_time(now))
+    record.pop("holder", None)
+    if orphan and orphan.get("keys"):
+        record["orphan"] = {"keys": list(orphan["keys"]),
+                            "positions": list(orphan.get("positions") or [])}
+    else:
+        record.pop("orphan", None)

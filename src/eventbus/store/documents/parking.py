@@ -2,9 +2,10 @@
 
 A *parked* event is FAILED-retryable with an ``error`` whose classification
 is ``parked``, naming the ``partner`` and the time it is brought back
-(``until``, also its ``redrive_at``). ``error.parks`` counts the parks of the
-record so far, carried from failure to failure, so a parked claim spends
-neither an attempt nor a redrive.
+(``until``, also its ``redrive_at``). The record's top-level ``parks`` counts
+its parks so far (``$inc`` by each park's finish); no claim, unclaim or
+failure erases it, so a parked claim spends neither an attempt nor a redrive
+however its next claim ends.
 
 The partners collection holds two kinds of documents: one breaker per
 partner (``_id`` ``breaker/<name>``) and one per partner and rate window
@@ -27,9 +28,8 @@ RATE = "rate"
 
 def parks(record: Mapping[str, Any] | None) -> int:
     """Return how many times ``record`` was parked (0 for None or a record never parked)."""
-    error = (record or {}).get("error")
-    count = error.get("parks") if isinstance(error, Mapping) else None
-    return count if isinstance(count, int) and count > 0 else 0
+    count = (record or {}).get("parks")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
 
 
 def is_parked(record: Mapping[str, Any]) -> bool:

@@ -156,19 +156,23 @@ def seed_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def new_record(key: str, fields: Mapping[str, Any], now: datetime, *, owner: str,
-               lease: timedelta, created_by: str, retention: timedelta) -> dict[str, Any]:
+               lease: timedelta, created_by: str, retention: timedelta,
+               lease_from: datetime | None = None) -> dict[str, Any]:
     """Return the document a claim makes of a key that has none: attempt 1, leased to ``owner``.
 
     What ``claim_pipeline`` writes for a new key, as a plain document, so a
     batch can insert its new keys (a cheaper write than a pipeline upsert) and
     claim only the keys that exist. Mirrors the pipeline; the batch contract
-    tests compare the two.
+    tests compare the two. ``now`` stamps the audit fields, as the caller's
+    ``now`` does for a claim; the lease runs from ``lease_from`` (the store's
+    clock), ``now`` when not given.
     """
     now = bson_time(now)
     stamp = epoch_ms(now)
+    start = bson_time(lease_from) if lease_from is not None else now
     return {"idempotency_key": key,
             **insert_fields(fields, now, created_by=created_by, retention=retention),
-            "event_status": PROCESSING, "lease_until": bson_time(now + lease),
+            "event_status": PROCESSING, "lease_until": bson_time(start + lease),
             "lease_owner": owner, "attempts": 1, "lastUpdatedTime": stamp,
             "pubsub": fields.get("pubsub", {}),
             "entity_metadata": {**seed_metadata(fields), "resilienceAttemptCount": {"1": stamp}}}

@@ -6,18 +6,14 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventbus.clock import Shift, lease_end, store_now
 from eventbus.store.documents.claims import lease_expired
-from eventbus.store.documents.records import FAILED, PROCESSING, SUCCESS, bson_time
-
-
-def guard_take_filter(key: str, now: datetime) -> dict[str, Any]:
-    """Return the filter that matches side effect ``key`` only when it may be leased at ``now``."""
-    return {"_id": key, "status": {"$ne": SUCCESS},
-            "$or": [{"lease_until": {"$exists": False}}, {"lease_until": {"$lt": bson_time(now)}}]}
+from eventbus.store.documents.records import EPOCH, FAILED, PROCESSING, SUCCESS, bson_time
+from eventbus.store.documents.updates import beat, guarded
 
 
 def guard_takeable(record: Mapping[str, Any] | None, now: datetime) -> bool:
-    """Return True when a guard record may be leased at ``now`` (``guard_take_filter``)."""
+    """Return True when a guard record may be leased at the store's ``now`` (``guard_take``)."""
     if record is None:
         return True
     if record.get("status") == SUCCESS:
@@ -25,13 +21,42 @@ def guard_takeable(record: Mapping[str, Any] | None, now: datetime) -> bool:
     return lease_expired(record.get("lease_until"), now)
 
 
-def guard_take_update(now: datetime, owner: str, lease: timedelta) -> dict[str, Any]:
-    """Return the upsert that takes a side effect's lease (and creates its record once)."""
+def guard_take(now: datetime, owner: str, lease: timedelta,
+               shift: Shift | None = None) -> list[dict[str, Any]]:
+    """The upsert pipeline that takes a side effect's lease when it may, on the store's clock.
+
+    Taken: no record, or not SUCCESS and its lease ran out before the
+    store's now. The result says who holds it (``lease_owner``).
+    """
+    take = {"$and": [{"$ne": [{"$ifNull": ["$status", ""]}, SUCCESS]},
+                     {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, store_now(shift)]}]}
     moment = bson_time(now)
-    return {"$set": {"status": PROCESSING, "lease_owner": owner,
-                     "lease_until": bson_time(moment + lease), "updated_at": moment},
-            "$inc": {"attempts": 1},
-            "$setOnInsert": {"created_at": moment}}
+    fields = {"status": PROCESSING, "lease_owner": owner, "lease_until": store_now(shift, lease),
+              "updated_at": moment, "attempts": {"$add": [{"$ifNull": ["$attempts", 0]}, 1]}}
+    return [{"$set": {"__eventbus_take": take}},
+            {"$set": {**{name: {"$cond": ["$__eventbus_take", value, f"${name}"]}
+                         for name, value in fields.items()},
+                      "created_at": {"$ifNull": ["$created_at", moment]}}},
+            {"$unset": ["__eventbus_take"]}]
+
+
+def guard_taken(record: Mapping[str, Any] | None, now: datetime, owner: str,
+                lease: timedelta) -> dict[str, Any]:
+    """The record ``guard_take`` leaves on a takeable ``record`` (the in-memory store's form)."""
+    moment = bson_time(now)
+    return {**(record or {}), "status": PROCESSING, "lease_owner": owner,
+            "lease_until": lease_end(now, lease), "updated_at": moment,
+            "attempts": int((record or {}).get("attempts") or 0) + 1,
+            "created_at": (record or {}).get("created_at", moment)}
+
+
+def guard_renewal(key: str, owner: str, lease: timedelta,
+                  shift: Shift | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Filter and update that extend ``owner``'s guard lease while it still holds."""
+    return ({"_id": key, "lease_owner": owner, "status": PROCESSING},
+            guarded([{"$set": {"lease_until": store_now(shift, lease),
+                               "lease_beats": beat("lease_beats")}}],
+                    {"$gt": [{"$ifNull": ["$lease_until", EPOCH]}, store_now(shift)]}))
 
 
 def guard_owner_filter(key: str, owner: str, succeeded: bool) -> dict[str, Any]:

@@ -1,4 +1,11 @@
-"""The writes that move a claimed record on: renew, succeed, fail, reject, redrive, abandon."""
+"""The writes that move a claimed record on: renew, succeed, fail, reject, redrive, abandon.
+
+Every write made under a lease is fenced: it matches only while its owner
+holds the lease **and** the lease has not run out on the store's clock
+(``owner_filter``); a lapsed lease is LEASE_LOST even if nobody took it yet.
+Every "due" or "stale" test of a sweeper is made on the store's clock too
+(``$$NOW`` in ``$expr``; the memory store's clock in the Python mirrors).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,9 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventbus.clock import Shift, lease_end, store_now
 from eventbus.store.documents.records import (
+    EPOCH,
     FAILED,
     PENDING,
     PROCESSING,
@@ -24,13 +33,90 @@ def key_filter(key: str) -> dict[str, Any]:
 
 
 def owner_filter(key: str, owner: str) -> dict[str, Any]:
-    """Return the filter that matches ``key`` only while ``owner`` still holds its lease."""
+    """Return the filter that matches ``key`` while ``owner`` is its lease's owner.
+
+    The other half of the fence, that the lease has not run out on the
+    store's clock, is decided inside the write (``guarded(update, live(...))``):
+    a server may not evaluate ``$$NOW`` in an indexed filter, and a
+    pipeline always can.
+    """
     return {"idempotency_key": key, "lease_owner": owner, "event_status": PROCESSING}
 
 
-def renew_update(now: datetime, lease: timedelta) -> dict[str, Any]:
-    """Return the update that extends a held lease from ``now`` (``owner_filter`` guards it)."""
-    return {"$set": {"lease_until": bson_time(bson_time(now) + lease)}}
+_FLAG = "__eventbus_fence"
+
+
+def guarded(update: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+            condition: Any) -> list[dict[str, Any]]:
+    """``update`` as a pipeline that changes the document only when ``condition`` holds.
+
+    ``condition`` is evaluated on the document as it was (first stage); every
+    field set, unset or incremented keeps its value when it is false, so the
+    write's ``modified_count`` says whether it took. ``update`` is a classic
+    update (``$set``, ``$unset``, ``$inc``) or a pipeline of ``$set``/``$unset``
+    stages.
+    """
+    stages = _stages(update)
+    out: list[dict[str, Any]] = [{"$set": {_FLAG: condition}}]
+    for stage in stages:
+        if "$set" in stage:
+            out.append({"$set": {name: {"$cond": [f"${_FLAG}", value, f"${name}"]}
+                                 for name, value in stage["$set"].items()}})
+        else:
+            names = stage["$unset"]
+            out.append({"$set": {name: {"$cond": [f"${_FLAG}", "$$REMOVE", f"${name}"]}
+                                 for name in ([names] if isinstance(names, str) else names)}})
+    out.append({"$unset": [_FLAG]})
+    return out
+
+
+def _stages(update: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    if not isinstance(update, Mapping):
+        return list(update)
+    stages: list[Mapping[str, Any]] = []
+    if "$set" in update:
+        stages.append({"$set": {name: {"$literal": value}
+                                for name, value in update["$set"].items()}})
+    if "$inc" in update:
+        stages.append({"$set": {name: {"$add": [{"$ifNull": [f"${name}", 0]}, by]}
+                                for name, by in update["$inc"].items()}})
+    if "$unset" in update:
+        stages.append({"$unset": list(update["$unset"])})
+    return stages
+
+
+def beat(name: str) -> dict[str, Any]:
+    """A counter a renewal bumps, so a renewal that took always changes the document."""
+    return {"$add": [{"$ifNull": [f"${name}", 0]}, 1]}
+
+
+def live(until: str, shift: Shift | None = None) -> dict[str, Any]:
+    """The ``$expr`` that a lease or hold ending at field ``until`` still holds (store's clock)."""
+    return {"$gt": [{"$ifNull": [until, EPOCH]}, store_now(shift)]}
+
+
+def holds(record: Mapping[str, Any] | None, owner: str, now: datetime) -> bool:
+    """True while ``owner``'s lease on ``record`` holds at ``now``. Mirrors ``owner_filter``."""
+    if record is None or record.get("lease_owner") != owner or \
+            record.get("event_status") != PROCESSING:
+        return False
+    until = record.get("lease_until")
+    return isinstance(until, datetime) and bson_time(until) > bson_time(now)
+
+
+def renew_update(lease: timedelta, shift: Shift | None = None) -> list[dict[str, Any]]:
+    """Return the update that extends a held lease to the store's now plus ``lease``.
+
+    Fenced (with ``owner_filter``): a lease that ran out is not brought back.
+    """
+    return guarded([{"$set": {"lease_until": store_now(shift, lease),
+                              "lease_beats": beat("lease_beats")}}],
+                   live("$lease_until", shift))
+
+
+def renewed(lease: timedelta, now: datetime) -> dict[str, Any]:
+    """The fields a renewal sets at the store's ``now`` (the memory store's form)."""
+    return {"lease_until": lease_end(now, lease)}
 
 
 def succeed_update(now: datetime, outbox: Sequence[Mapping[str, Any]] = (),
@@ -43,24 +129,32 @@ def succeed_update(now: datetime, outbox: Sequence[Mapping[str, Any]] = (),
     return {"$set": done, "$unset": {"lease_until": "", "lease_owner": ""}}
 
 
-def unclaim_update(now: datetime) -> dict[str, Any]:
+def unclaim_update(now: datetime, redrive_at: datetime | None = None) -> dict[str, Any]:
     """Return the update that gives a claim back: PENDING again, its attempt returned.
 
     For an ordered event whose entity another worker holds: nothing ran, so
     nothing is spent; the next claim takes the same attempt number again.
+    ``redrive_at``: when the store's redrive publishes it again if the broker
+    never brings it back (a PENDING record is redriven like a FAILED one).
     """
-    return {"$set": {"event_status": PENDING, "lastUpdatedTime": epoch_ms(now)},
-            "$unset": {"lease_until": "", "lease_owner": ""}, "$inc": {"attempts": -1}}
+    done: dict[str, Any] = {"event_status": PENDING, "lastUpdatedTime": epoch_ms(now)}
+    if redrive_at is not None:
+        done["redrive_at"] = bson_time(redrive_at)
+    return {"$set": done, "$unset": {"lease_until": "", "lease_owner": ""},
+            "$inc": {"attempts": -1}}
 
 
 def finish_update(finish: Any, now: datetime) -> dict[str, Any]:
     """Return the update that stores one ``store.base.Finish`` (SUCCESS, FAILED, or unclaimed)."""
     if finish.unclaim:
-        return unclaim_update(now)
+        return unclaim_update(now, finish.redrive_at)
     if finish.error is None:
         return succeed_update(now, finish.outbox, finish.extra)
-    return fail_update(now, finish.error, retryable=finish.retryable,
-                       redrive_at=finish.redrive_at)
+    update = fail_update(now, finish.error, retryable=finish.retryable,
+                         redrive_at=finish.redrive_at)
+    if finish.parked:  # counted where no claim erases it (``parking.parks``)
+        update["$inc"] = {PARKS: 1}
+    return update
 
 
 def fail_fields(now: datetime, error: Mapping[str, Any], *, retryable: bool,
@@ -80,79 +174,111 @@ def fail_update(now: datetime, error: Mapping[str, Any], *, retryable: bool,
             "$unset": {"lease_until": "", "lease_owner": ""}}
 
 
-def redrive_filter(now: datetime, stale_before: datetime,
+def redrive_filter(now: datetime, lease: timedelta,
                    exclude: Collection[str] = ()) -> dict[str, Any]:
-    """Return the filter of records the store must have delivered again.
+    """Return the filter of records the store must have delivered again at ``now``.
 
-    FAILED-retryable records whose ``redrive_at`` has come, and PROCESSING
-    records whose lease expired before ``stale_before`` (their worker died
-    and nothing redelivered them) unless a redrive is already scheduled.
-    Keys in ``exclude`` (already seen by this pass) are left out.
+    ``now`` is the store's clock as last read (``store.now()``): a read, so an
+    index-friendly comparison; the writes that follow (``mark_redriven``,
+    ``abandon``) decide again on the server's own clock. FAILED-retryable and
+    PENDING (handed back) records whose ``redrive_at`` has come (a PENDING one
+    without it at once), and PROCESSING records whose lease ran out a lease
+    ago or more (their worker died) unless a redrive is scheduled later. Keys
+    in ``exclude`` (already seen by this pass) are left out. Mirrors ``redrivable``.
     """
     moment = bson_time(now)
+    unscheduled = {"$or": [{"redrive_at": {"$exists": False}}, {"redrive_at": None},
+                           {"redrive_at": {"$lte": moment}}]}
     found: dict[str, Any] = {"$or": [
         {"event_status": FAILED, "retryable": True, "redrive_at": {"$lte": moment}},
-        {"event_status": PROCESSING, "lease_until": {"$lt": bson_time(stale_before)},
-         "$or": [{"redrive_at": {"$exists": False}}, {"redrive_at": {"$lte": moment}}]},
+        {"event_status": PENDING, **unscheduled},
+        {"event_status": PROCESSING, "lease_until": {"$lt": bson_time(moment - lease)},
+         **unscheduled},
     ]}
     if exclude:
         found["idempotency_key"] = {"$nin": sorted(exclude)}
     return found
 
 
-def redrivable(record: Mapping[str, Any], now: datetime, stale_before: datetime) -> bool:
-    """Return True when ``record`` matches ``redrive_filter`` (the memory store's rule)."""
+def _stale(lease: timedelta, shift: Shift | None) -> dict[str, Any]:
+    # A lease that ran out a lease ago or more: no live worker can still finish it.
+    return {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, store_now(shift, -lease)]}
+
+
+def stale(record: Mapping[str, Any], now: datetime, lease: timedelta) -> bool:
+    """True when ``record``'s lease ran out a lease ago or more at ``now`` (``_stale``)."""
+    until = record.get("lease_until")
+    return not isinstance(until, datetime) or bson_time(until) < bson_time(now) - lease
+
+
+def redrivable(record: Mapping[str, Any], now: datetime, lease: timedelta) -> bool:
+    """Return True when ``record`` matches ``redrive_filter`` at the store's ``now``."""
     due = record.get("redrive_at")
-    if record.get("event_status") == FAILED:
-        return record.get("retryable") is True and isinstance(due, datetime) and \
-            bson_time(due) <= bson_time(now)
-    if record.get("event_status") != PROCESSING:
-        return False
-    lease = record.get("lease_until")
-    stale = not isinstance(lease, datetime) or bson_time(lease) < bson_time(stale_before)
-    return stale and (not isinstance(due, datetime) or bson_time(due) <= bson_time(now))
+    come = not isinstance(due, datetime) or bson_time(due) <= bson_time(now)
+    status = record.get("event_status")
+    if status == FAILED:
+        return record.get("retryable") is True and isinstance(due, datetime) and come
+    if status == PENDING:
+        return come
+    return status == PROCESSING and stale(record, now, lease) and come
 
 
 def redriven_filter(key: str, redrives: int) -> dict[str, Any]:
-    """Return the filter that matches ``key`` only while no other sweeper redrove it since."""
+    """Match ``key`` only while no other sweeper redrove it since (``redriven_update`` checks,
+    on the server's clock, that no live worker holds it)."""
     count: Any = redrives if redrives else {"$in": [0, None]}
-    return {"idempotency_key": key, "event_status": {"$in": [FAILED, PROCESSING]},
+    return {"idempotency_key": key, "event_status": {"$in": [FAILED, PENDING, PROCESSING]},
             "redrives": count}
 
 
-def redriven_update(next_at: datetime) -> dict[str, Any]:
-    """Return the update that counts a redrive and schedules the next one."""
-    return {"$set": {"redrive_at": bson_time(next_at)}, "$inc": {"redrives": 1}}
+PARKS = "parks"
+"""How many times a record was parked (its partner paused): no claim erases it."""
 
 
-def abandon_filter(key: str, stale_before: datetime) -> dict[str, Any]:
-    """Return the filter that matches ``key`` while FAILED-retryable or stale PROCESSING.
+def redriven_update(next_at: datetime, lease: timedelta,
+                    shift: Shift | None = None) -> list[dict[str, Any]]:
+    """Return the update that counts a redrive and schedules the next one, unless a live
+    worker holds the record (PROCESSING under a lease that is not stale)."""
+    return guarded({"$set": {"redrive_at": bson_time(next_at)}, "$inc": {"redrives": 1}},
+                   {"$or": [{"$ne": ["$event_status", PROCESSING]}, _stale(lease, shift)]})
 
-    Stale: its lease expired before ``stale_before`` (the worker died long ago),
-    so no live worker can still finish it.
+
+def abandon_filter(key: str) -> dict[str, Any]:
+    """Return the filter of ``abandon``: the key, while FAILED-retryable, PENDING or PROCESSING.
+
+    Whether a PROCESSING one is stale (its lease ran out a lease ago or more,
+    so no live worker can still finish it) is decided in the write, on the
+    server's clock (``abandon_update``).
     """
     return {"idempotency_key": key, "$or": [
         {"event_status": FAILED, "retryable": True},
-        {"event_status": PROCESSING, "lease_until": {"$lt": bson_time(stale_before)}}]}
+        {"event_status": {"$in": [PENDING, PROCESSING]}}]}
 
 
-def abandonable(record: Mapping[str, Any], stale_before: datetime) -> bool:
-    """Return True when ``record`` matches ``abandon_filter`` (the memory store's rule)."""
-    if record.get("event_status") == FAILED:
+def abandonable(record: Mapping[str, Any], now: datetime, lease: timedelta) -> bool:
+    """Return True when ``record`` matches ``abandon_filter`` at the store's ``now``."""
+    status = record.get("event_status")
+    if status == FAILED:
         return record.get("retryable") is True
-    lease = record.get("lease_until")
-    return record.get("event_status") == PROCESSING and isinstance(lease, datetime) and \
-        bson_time(lease) < bson_time(stale_before)
+    return status == PENDING or (status == PROCESSING and stale(record, now, lease))
 
 ABANDON_UNSET = ("redrive_at", "lease_until", "lease_owner")
 """Fields a record given up for good no longer has: nothing schedules or holds it."""
 
 
-def abandon_update(now: datetime, error: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the update that gives a record up for good after its last redrive."""
-    return {"$set": {"event_status": FAILED, "retryable": False, "error": dict(error),
-                     "lastUpdatedTime": epoch_ms(now)},
-            "$unset": dict.fromkeys(ABANDON_UNSET, "")}
+def abandon_fields(now: datetime, error: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a record given up for good gets (``ABANDON_UNSET`` go)."""
+    return {"event_status": FAILED, "retryable": False, "error": dict(error),
+            "lastUpdatedTime": epoch_ms(now)}
+
+
+def abandon_update(now: datetime, error: Mapping[str, Any], lease: timedelta,
+                   shift: Shift | None = None) -> list[dict[str, Any]]:
+    """Return the update that gives a record up for good after its last redrive, unless a
+    live worker holds it (decided on the server's clock)."""
+    return guarded({"$set": abandon_fields(now, error),
+                    "$unset": dict.fromkeys(ABANDON_UNSET, "")},
+                   {"$or": [{"$ne": ["$event_status", PROCESSING]}, _stale(lease, shift)]})
 
 
 def reject_update(fields: Mapping[str, Any], now: datetime, error: Mapping[str, Any], *,
