@@ -16,8 +16,8 @@ A process's own clock (``time.monotonic``, ``time.sleep``) times only its own
 waits. Tests move the store's clock with a ``Shift`` (MongoDB) or a
 ``FakeClock`` (memory), both of which have ``advance(seconds)``.
 
-May import: the standard library and ``eventbus.store.documents.records``'s
-``bson_time`` rule only (re-exported here so stages need no store import).
+May import: the standard library only (the store's documents import
+``bson_time`` from here, so every layer truncates time one way).
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from typing import Any
 
 Now = Callable[[], datetime]
 """A clock: returns the current time, timezone-aware."""
-Sleep = Callable[[float], None]
-"""A wait of this process (seconds)."""
 Monotonic = Callable[[], float]
 
 _MILLISECOND = timedelta(milliseconds=1)
@@ -88,8 +86,9 @@ class Shift:
 def store_now(shift: Shift | None = None, plus: timedelta = timedelta(0)) -> Any:
     """The aggregation expression of the store's "now" (``$$NOW``), plus ``plus``.
 
-    Used inside update pipelines and ``$expr`` filters, so the server's clock
-    decides every lease at the moment of the write.
+    Used inside update pipelines (never a filter: a server may refuse ``$$NOW``
+    in an indexed one), so the server's clock decides every lease at the
+    moment of the write.
     """
     offset = millis(plus + (shift.delta if shift is not None else timedelta(0)))
     return "$$NOW" if offset == 0 else {"$add": ["$$NOW", offset]}
@@ -128,6 +127,5 @@ class ServerClock:
             read = self._read()
             after = self._monotonic()
             # The server read its clock about halfway through the round trip.
-            moment = read.replace(tzinfo=UTC) if read.tzinfo is None else read.astimezone(UTC)
-            self._base = (moment, (before + after) / 2)
+            self._base = (bson_time(read), (before + after) / 2)
             return self._base

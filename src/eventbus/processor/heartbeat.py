@@ -87,28 +87,35 @@ class Heartbeat:
         """
         leases = {key: Lease(key, owner) for key, owner in owners.items()}
         held = [Lease(key, owner, entity=True) for key, owner in (entities or {}).items()]
-        with self._lock:
-            self._live.update((id(lease), lease) for lease in [*leases.values(), *held])
-        self._ensure_thread()
-        try:
+        with self._kept([*leases.values(), *held]):
             yield leases
-        finally:
-            with self._lock:
-                for lease in [*leases.values(), *held]:
-                    self._live.pop(id(lease), None)
+
+    @contextlib.contextmanager
+    def holding(self, entities: Mapping[str, str]) -> Iterator[dict[str, Lease]]:
+        """Keep the holds of ``entities`` (entity key → owner) alive; yield their leases by key."""
+        held = {key: Lease(key, owner, entity=True) for key, owner in entities.items()}
+        with self._kept(list(held.values())):
+            yield held
 
     @contextlib.contextmanager
     def guarding(self, key: str, owner: str) -> Iterator[Lease]:
         """Keep a side-effect guard's lease alive while its effect runs."""
         lease = Lease(key, owner, guard=True)
+        with self._kept([lease]):
+            yield lease
+
+    @contextlib.contextmanager
+    def _kept(self, leases: list[Lease]) -> Iterator[None]:
+        """Renew ``leases`` on every beat for the block (the one place leases are registered)."""
         with self._lock:
-            self._live[id(lease)] = lease
+            self._live.update((id(lease), lease) for lease in leases)
         self._ensure_thread()
         try:
-            yield lease
+            yield
         finally:
             with self._lock:
-                self._live.pop(id(lease), None)
+                for lease in leases:
+                    self._live.pop(id(lease), None)
 
     def confirm(self, lease: Lease) -> bool:
         """Renew one entity hold now (before a lane's next event); False, and lost, if it lapsed."""
@@ -117,20 +124,6 @@ class Heartbeat:
         except StoreUnavailable:
             lease.lost = True  # unknown: the lane stops rather than run unheld
         return not lease.lost
-
-    @contextlib.contextmanager
-    def holding(self, entities: Mapping[str, str]) -> Iterator[dict[str, Lease]]:
-        """Keep the holds of ``entities`` (entity key → owner) alive; yield their leases by key."""
-        held = {key: Lease(key, owner, entity=True) for key, owner in entities.items()}
-        with self._lock:
-            self._live.update((id(lease), lease) for lease in held.values())
-        self._ensure_thread()
-        try:
-            yield held
-        finally:
-            with self._lock:
-                for lease in held.values():
-                    self._live.pop(id(lease), None)
 
     def beat(self) -> None:
         """Renew every live lease in one round trip; mark the ones another worker took as lost."""

@@ -63,6 +63,7 @@ AfterSuccess = Callable[[str, Sequence[Mapping[str, Any]]], None]
 Outboxes = Sequence[tuple[str, Sequence[Mapping[str, Any]]]]
 """A batch's SUCCESS parents with children: ``(parent_key, outbox)`` each."""
 _NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+_NO_HOLDS: contextlib.nullcontext[dict[str, Lease]] = contextlib.nullcontext({})
 
 
 @runtime_checkable
@@ -219,7 +220,8 @@ class Processor:
             lanes = self.lanes.of(claimed, holds) if ordered else \
                 [Lane([item]) for item in claimed]
             entities = {lane.entity_key: lane.owner for lane in lanes if lane.entity_key}
-            with self.heartbeat.holding(entities) as held:
+            # Unordered lanes hold no entity: nothing to keep (and nothing on a plain push).
+            with self.heartbeat.holding(entities) if entities else _NO_HOLDS as held:
                 for lane in lanes:
                     lane.hold, lane.confirmed = held.get(lane.entity_key), self._monotonic()
                 if len(lanes) > 1 and self.concurrency > 1:
@@ -248,9 +250,10 @@ class Processor:
         more than a quarter lease passed on this process's own clock since it last was."""
         if lane.hold is None or lane.hold.lost:
             return False
-        if self._monotonic() - lane.confirmed <= self.store.lease.total_seconds() / 4:
+        at = self._monotonic()
+        if at - lane.confirmed <= self.store.lease.total_seconds() / 4:
             return True
-        lane.confirmed = self._monotonic()
+        lane.confirmed = at
         return self.heartbeat.confirm(lane.hold)
 
     def _finish(self, claimed: list[Item], releases: list[EntityRelease]) -> None:

@@ -276,7 +276,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
             now = self.now()
             if record is None or record.get("lease_owner") != owner or \
                     record.get("status") != documents.PROCESSING or \
-                    documents.lease_expired(record.get("lease_until"), now):
+                    not documents.lease_live(record.get("lease_until"), now):
                 return False
             record["lease_until"] = lease_end(now, lease)
         return True

@@ -42,7 +42,7 @@ from typing import Any
 
 from eventbus.clock import Shift, lease_end, store_now
 from eventbus.store.documents.records import EPOCH, bson_time, epoch_ms
-from eventbus.store.documents.updates import beat, guarded
+from eventbus.store.documents.updates import beat, guarded, lease_live, live
 
 ENTITY = "entity"
 RECORD_TYPE = "record_type"
@@ -162,28 +162,25 @@ def held_record(entity_key: str, entity: Mapping[str, Any], owner: str, now: dat
 
 def holder_filter(entity_key: str, owner: str) -> dict[str, Any]:
     """The filter that matches the entity while ``owner`` is its holder (the writes that use
-    it check, on the server's clock, that the hold has not run out: ``hold_live``)."""
+    it check, on the server's clock, that the hold has not run out: ``_HELD``)."""
     return {"idempotency_key": entity_key, "holder.owner": owner}
 
 
-def hold_live(shift: Shift | None = None) -> dict[str, Any]:
-    """The expression that the holder's hold has not run out on the store's clock."""
-    return {"$gt": [{"$ifNull": ["$holder.until", EPOCH]}, store_now(shift)]}
+_HELD = "$holder.until"
+"""The field ``live`` reads for a hold."""
 
 
 def held_by(record: Mapping[str, Any] | None, owner: str, now: datetime) -> bool:
     """True while ``owner``'s hold on ``record`` holds at ``now``. Mirrors ``holder_filter``."""
     holder = (record or {}).get("holder")
-    if not isinstance(holder, Mapping) or holder.get("owner") != owner:
-        return False
-    until = holder.get("until")
-    return isinstance(until, datetime) and bson_time(until) > bson_time(now)
+    return isinstance(holder, Mapping) and holder.get("owner") == owner and \
+        lease_live(holder.get("until"), now)
 
 
 def hold_renewal(lease: timedelta, shift: Shift | None = None) -> list[dict[str, Any]]:
     """The update that extends a hold that still holds to the store's now plus ``lease``."""
     return guarded([{"$set": {"holder.until": store_now(shift, lease),
-                              "holder.beats": beat("holder.beats")}}], hold_live(shift))
+                              "holder.beats": beat("holder.beats")}}], live(_HELD, shift))
 
 
 def release_update(now: datetime, position: Any = None, applied_key: str = "",
@@ -208,7 +205,7 @@ def release_update(now: datetime, position: Any = None, applied_key: str = "",
                                        "positions": list(left.get("positions") or [])}}
     return guarded([{"$set": done},
                     {"$unset": ["holder", *([] if left is not None else ["orphan"])]}],
-                   hold_live(shift))
+                   live(_HELD, shift))
 
 
 def released(record: dict[str, Any], now: datetime, position: Any = None,

@@ -9,7 +9,7 @@ from typing import Any
 from eventbus.clock import Shift, lease_end, store_now
 from eventbus.store.documents.claims import lease_expired
 from eventbus.store.documents.records import EPOCH, FAILED, PROCESSING, SUCCESS, bson_time
-from eventbus.store.documents.updates import beat, guarded
+from eventbus.store.documents.updates import beat, guarded, live
 
 
 def guard_takeable(record: Mapping[str, Any] | None, now: datetime) -> bool:
@@ -31,13 +31,10 @@ def guard_take(now: datetime, owner: str, lease: timedelta,
     take = {"$and": [{"$ne": [{"$ifNull": ["$status", ""]}, SUCCESS]},
                      {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, store_now(shift)]}]}
     moment = bson_time(now)
-    fields = {"status": PROCESSING, "lease_owner": owner, "lease_until": store_now(shift, lease),
-              "updated_at": moment, "attempts": {"$add": [{"$ifNull": ["$attempts", 0]}, 1]}}
-    return [{"$set": {"__eventbus_take": take}},
-            {"$set": {**{name: {"$cond": ["$__eventbus_take", value, f"${name}"]}
-                         for name, value in fields.items()},
-                      "created_at": {"$ifNull": ["$created_at", moment]}}},
-            {"$unset": ["__eventbus_take"]}]
+    taken = guarded([{"$set": {"status": PROCESSING, "lease_owner": owner,
+                               "lease_until": store_now(shift, lease), "updated_at": moment,
+                               "attempts": beat("attempts")}}], take)
+    return [*taken, {"$set": {"created_at": {"$ifNull": ["$created_at", moment]}}}]
 
 
 def guard_taken(record: Mapping[str, Any] | None, now: datetime, owner: str,
@@ -56,7 +53,7 @@ def guard_renewal(key: str, owner: str, lease: timedelta,
     return ({"_id": key, "lease_owner": owner, "status": PROCESSING},
             guarded([{"$set": {"lease_until": store_now(shift, lease),
                                "lease_beats": beat("lease_beats")}}],
-                    {"$gt": [{"$ifNull": ["$lease_until", EPOCH]}, store_now(shift)]}))
+                    live("$lease_until", shift)))
 
 
 def guard_owner_filter(key: str, owner: str, succeeded: bool) -> dict[str, Any]:

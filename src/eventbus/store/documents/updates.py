@@ -1,10 +1,11 @@
 """The writes that move a claimed record on: renew, succeed, fail, reject, redrive, abandon.
 
-Every write made under a lease is fenced: it matches only while its owner
-holds the lease **and** the lease has not run out on the store's clock
-(``owner_filter``); a lapsed lease is LEASE_LOST even if nobody took it yet.
-Every "due" or "stale" test of a sweeper is made on the store's clock too
-(``$$NOW`` in ``$expr``; the memory store's clock in the Python mirrors).
+Every write made under a lease is fenced: it matches only its owner's record
+(``owner_filter``) and takes effect only while the lease has not run out on
+the store's clock (``guarded(update, live(...))``, ``$$NOW`` inside the
+pipeline); a lapsed lease is LEASE_LOST even if nobody took it yet. The
+sweepers' writes decide "stale" the same way; the memory store's Python
+mirrors (``lease_live``, ``stale``) read its own clock.
 """
 
 from __future__ import annotations
@@ -91,17 +92,19 @@ def beat(name: str) -> dict[str, Any]:
 
 
 def live(until: str, shift: Shift | None = None) -> dict[str, Any]:
-    """The ``$expr`` that a lease or hold ending at field ``until`` still holds (store's clock)."""
+    """The expression that a lease or hold ending at field ``until`` still holds (store's clock)."""
     return {"$gt": [{"$ifNull": [until, EPOCH]}, store_now(shift)]}
 
 
-def holds(record: Mapping[str, Any] | None, owner: str, now: datetime) -> bool:
-    """True while ``owner``'s lease on ``record`` holds at ``now``. Mirrors ``owner_filter``."""
-    if record is None or record.get("lease_owner") != owner or \
-            record.get("event_status") != PROCESSING:
-        return False
-    until = record.get("lease_until")
+def lease_live(until: Any, now: datetime) -> bool:
+    """True while a lease or hold ending at ``until`` holds at ``now``. Mirrors ``live``."""
     return isinstance(until, datetime) and bson_time(until) > bson_time(now)
+
+
+def holds(record: Mapping[str, Any] | None, owner: str, now: datetime) -> bool:
+    """True while ``owner``'s lease on ``record`` holds at ``now`` (``owner_filter``, ``live``)."""
+    return record is not None and record.get("lease_owner") == owner and \
+        record.get("event_status") == PROCESSING and lease_live(record.get("lease_until"), now)
 
 
 def renew_update(lease: timedelta, shift: Shift | None = None) -> list[dict[str, Any]]:
