@@ -76,6 +76,15 @@ def test_a_classifier_adds_permanent_types_and_predicates_per_instance() -> None
     assert default.classify(coded) is Classification.TRANSIENT
 
 
+def test_a_predicate_that_raises_does_not_match_and_never_escapes() -> None:
+    # Written for a driver's errors (``exc.code``), applied to every exception.
+    coded = Classifier(predicates=(lambda exc: exc.code == 11000,))  # type: ignore[attr-defined]
+    assert coded.classify(ValueError("no code")) is Classification.TRANSIENT
+    assert coded.classify(PermanentError("x")) is Classification.PERMANENT
+    later = Classifier(predicates=(lambda exc: 1 / 0 > 0, lambda exc: True))
+    assert later.classify(ValueError()) is Classification.PERMANENT  # the next rule still runs
+
+
 def test_every_outcome_has_a_status_and_only_acked_ones_are_2xx() -> None:
     for outcome in Outcome:
         assert (200 <= STATUS[outcome] < 300) == outcome.acked

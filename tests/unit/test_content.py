@@ -70,3 +70,23 @@ def test_bounded_text_keeps_any_bytes_readable_and_short() -> None:
     assert kept == "a\\x00\\xed\\xa0\\x80" and kept.isascii()
     summary = content.payload_summary(b"abc")
     assert summary["payload_size"] == 3 and len(summary["payload_sha256"]) == 64
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+@pytest.mark.parametrize(("exc", "stored"), [
+    (ValueError("plain é"), "plain é"),
+    (ValueError("a\x00\ud800"), "a\\x00\\xed\\xa0\\x80"),
+    (KeyError("k"), "'k'"),
+    (Unprintable("x"), "<Unprintable: message unavailable>"),
+])
+def test_error_text_is_storable_whatever_the_exception(exc: Exception, stored: str) -> None:
+    assert content.error_text(exc) == stored
+
+
+def test_error_text_cuts_a_huge_message_before_escaping_it() -> None:
+    text = content.error_text(ValueError("\x00" * 10_000_000), limit=100)
+    assert text == "\\x00" * 25

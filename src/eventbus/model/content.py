@@ -139,6 +139,21 @@ def safe_text(value: Any, limit: int = 256) -> str:
     return bounded_text(value, limit) if isinstance(value, str) else ""
 
 
+def error_text(exc: BaseException, limit: int = 2000) -> str:
+    """Return ``str(exc)`` as storable text of at most ``limit`` characters; never raises.
+
+    An exception comes from anyone's code (a handler, an upcaster, a forward's
+    mapping): its message may hold lone surrogates (which no store keeps and
+    which would turn a transient failure into a refused write), NUL, or
+    megabytes, and its ``__str__`` may itself raise. The message is cut
+    before it is escaped, so a huge one costs no more than ``limit``.
+    """
+    try:
+        return bounded_text(str(exc)[:limit], limit)
+    except Exception:  # any __str__ at all: the type still says what failed
+        return f"<{bounded_text(type(exc).__name__, 200)}: message unavailable>"
+
+
 def payload_summary(raw: bytes) -> dict[str, Any]:
     """Return what is kept of a refused payload: size, SHA-256 and a bounded copy."""
     return {"payload_size": len(raw), "payload_sha256": hashlib.sha256(raw).hexdigest(),

@@ -10,6 +10,7 @@ dropped.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -163,6 +164,7 @@ class Classification(enum.Enum):
 
 
 Predicate = Callable[[BaseException], bool]
+logger = logging.getLogger("eventbus")
 
 
 class Classifier:
@@ -180,7 +182,22 @@ class Classifier:
         self.predicates = predicates
 
     def classify(self, exc: BaseException) -> Classification:
-        """Return how ``exc`` is treated. Unknown exceptions are transient."""
-        if isinstance(exc, self.permanent) or any(rule(exc) for rule in self.predicates):
+        """Return how ``exc`` is treated. Unknown exceptions are transient.
+
+        A predicate that raises (one written for a driver's errors, reading
+        ``exc.code`` of an exception that has none) does not match: the
+        failure stays transient, retried and bounded, rather than escaping.
+        """
+        if isinstance(exc, self.permanent) or any(_matches(rule, exc)
+                                                  for rule in self.predicates):
             return Classification.PERMANENT
         return Classification.TRANSIENT
+
+
+def _matches(rule: Predicate, exc: BaseException) -> bool:
+    try:
+        return bool(rule(exc))
+    except Exception:
+        logger.warning("classifier predicate %r raised for %s; taken as no match",
+                       rule, type(exc).__name__, exc_info=True)
+        return False

@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 from eventbus.breaker import Partners
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
+from eventbus.model.content import error_text
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import (
@@ -398,7 +399,8 @@ class Processor:
         level = logging.ERROR if outcome is Outcome.REJECTED else logging.WARNING
         return Pending(finish, Result(outcome, key=item.key, event_type=item.event_type,
                                       attempt=item.claim.attempt, error=brief(exc)),
-                       (level, f"{label} on {item.key} attempt {item.claim.attempt}: {exc}"))
+                       (level, f"{label} on {item.key} attempt {item.claim.attempt}: "
+                               f"{error_text(exc)}"))
 
     def _parked(self, item: Item, exc: Exception, paused: PartnerPaused) -> Pending:
         # The partner was not called: stored FAILED-retryable and acked, so
@@ -411,7 +413,8 @@ class Processor:
                         redrive_at=paused.until, parked=True)
         return Pending(finish, Result(Outcome.PARKED, key=item.key, event_type=item.event_type,
                                       attempt=item.claim.attempt, error=brief(exc)),
-                       (logging.INFO, f"parked {item.key} until {paused.until}: {exc}"))
+                       (logging.INFO, f"parked {item.key} until {paused.until}: "
+                                      f"{error_text(exc)}"))
 
     def _refused_children(self, item: Item) -> Result:
         # The store refused the children's content: a handler bug, FAILED for

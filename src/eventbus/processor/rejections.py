@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from eventbus.model.content import error_text
 from eventbus.model.errors import ContentRejected, InvalidEvent
 from eventbus.model.keys import conflict_key
 from eventbus.model.outcome import Outcome
@@ -40,7 +41,7 @@ class Rejections:
         inserted = self._store(located.key, located.fields, documents.error_document(exc, kind))
         if not inserted:
             return self._already_refused(located)
-        logger.error("rejected message %s: %s", located.delivery.message_id, exc)
+        logger.error("rejected message %s: %s", located.delivery.message_id, error_text(exc))
         return Result(Outcome.REJECTED, key=located.key, error=brief(exc),
                       event_type=str(located.fields.get("event_type", "")))
 
@@ -96,7 +97,7 @@ def brief(exc: BaseException) -> str:
     they go to the logs only.
     """
     if isinstance(exc, InvalidEvent):
-        return f"{type(exc).__name__}: {str(exc)[:300]}"
+        return f"{type(exc).__name__}: {error_text(exc, 300)}"
     return type(exc).__name__
 
 

@@ -28,6 +28,7 @@ MINIMAL_FIELDS = ("event_type", "payload_size", "payload_sha256", "conflicts_wit
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_ERROR_MESSAGE = 2000
+MAX_ERROR_TYPE = 200
 
 
 # Salvaged strings from a payload that failed validation are capped like
@@ -135,7 +136,10 @@ def _first_text(*candidates: Any) -> str:
 
 def error_document(exc: BaseException, classification: str) -> dict[str, Any]:
     """Return the ``error`` subdocument stored on FAILED: type, message, classification."""
-    return {"type": type(exc).__name__, "message": str(exc)[:MAX_ERROR_MESSAGE],
+    # Whose code raised is unknown (a handler's, an upcaster's): its name and
+    # message are made storable here, once for every store and every path.
+    return {"type": content.bounded_text(type(exc).__name__, MAX_ERROR_TYPE),
+            "message": content.error_text(exc, MAX_ERROR_MESSAGE),
             "classification": classification}
 
 
