@@ -15,8 +15,10 @@ import pytest
 from pymongo.database import Database
 from pymongo.errors import AutoReconnect
 
+from eventbus.model import content
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
+from eventbus.model.event import Event
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.processor import Processor
@@ -62,3 +64,33 @@ def test_a_write_the_store_refuses_fails_for_good_with_the_reason(
 def test_a_connection_failure_is_not_a_content_refusal() -> None:
     assert not documents.refuses_content(AutoReconnect("store down"))
     assert not documents.refuses_content(TimeoutError())
+
+
+HOSTILE_MESSAGES = {"surrogate": "\ud800 lone", "nul": "a\x00b",
+                    "huge": "é\udfff" + "x" * 100_000}
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("text", HOSTILE_MESSAGES.values(), ids=HOSTILE_MESSAGES.keys())
+def test_an_error_message_no_store_keeps_is_stored_escaped_and_keeps_its_classification(
+        store: EventStore, text: str, ordered: bool) -> None:
+    # A transient failure (here an ordered route's upcaster's) whose message holds a lone
+    # surrogate or NUL is stored retryable with its message escaped and bounded; the
+    # server refused the raw text, which turned it into a "content" failure for good.
+    def upcast(event: Event) -> Event:
+        raise ConnectionError(text)
+
+    routes = Router()
+    routes.handler("TEST", versions=("v2",), upcasters={"v1": upcast},
+                   ordered_by="entity_data.n" if ordered else None)(lambda context: None)
+    run = Processor(store, routes, Settings(max_attempts=5), FakeClock(datetime.now(UTC)))
+    result = run.process(message())
+    assert result.outcome is Outcome.RETRY, result
+    record = store.get(result.key) or {}
+    assert (record["event_status"], record["retryable"]) == ("FAILED", True)
+    assert (record["error"]["type"], record["error"]["classification"]) == \
+        ("ConnectionError", "transient")
+    stored = record["error"]["message"]
+    assert stored == content.bounded_text(text, documents.MAX_ERROR_MESSAGE)  # escaped
+    assert len(stored) <= documents.MAX_ERROR_MESSAGE and "\x00" not in stored
+    stored.encode("utf-8")  # no lone surrogate left

@@ -104,6 +104,20 @@ def test_router_upcasts_chains_and_rejects_unknown() -> None:
         router.resolve(Event("NOPE", "v1", "IN", META, {}))
 
 
+@pytest.mark.parametrize(("upcaster", "says"), ids=["none", "dict", "metadata"], argvalues=[
+    (lambda e: None, "returned NoneType, not an Event"),
+    (lambda e: e.to_document(), "returned dict, not an Event"),
+    (lambda e: Event("OR_MGMT", "v2", "IN", {"partnerId": "p"}, {}),  # type: ignore[arg-type]
+     "returned an Event whose entity_metadata is dict, not EntityMetadata"),
+])
+def test_an_upcaster_that_returns_no_event_raises_type_error(upcaster: object,
+                                                             says: str) -> None:
+    router = Router()
+    router.handler("OR_MGMT", versions=("v2",), upcasters={"v1": upcaster})(noop)  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=f"the OR_MGMT upcaster of v1 {says}"):
+        router.resolve(event("v1"))
+
+
 # --- routers of their own, included into one (no global router) ----------------------------
 
 

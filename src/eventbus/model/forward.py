@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from eventbus.model.content import bounded_text, error_text
 from eventbus.model.contract import Contract, ContractError, ContractViolation, contract_of
 from eventbus.model.event import Event, lookup
 from eventbus.model.keys import MAX_KEY_LENGTH, digest
@@ -70,14 +71,19 @@ class Path:
     convert: Callable[[Any], Any]
 
     def read(self, document: Mapping[str, Any]) -> Any:
-        """The converted value; None stays None; a failed conversion is a ``ContractViolation``."""
+        """The converted value; None stays None; a failed conversion is a ``ContractViolation``.
+
+        Whatever ``convert`` raises (``int("x")``, ``v.upper()`` of a number, an
+        exception of its own) means the value does not fit the mapping.
+        """
         value = lookup(document, self.path)
         if value is None:
             return None
         try:
             return self.convert(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise ContractViolation(f"{self.path}: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # the user's conversion: any failure is the value's
+            raise ContractViolation(f"{self.path}: {type(exc).__name__}: "
+                                    f"{error_text(exc, 500)}") from None
 
 
 def path(where: str, convert: Callable[[Any], Any]) -> Path:
@@ -132,21 +138,21 @@ class Forward:
     def entry(self, key: str, root_key: str, document: Mapping[str, Any],
               created_at: datetime) -> dict[str, Any]:
         """The outbox entry forwarding ``document`` (its record's key ``key``)."""
-        entry: dict[str, Any] = {
-            "idempotency_key": forward_key(key, self.topic, self.contract.version),
-            "kind": KIND, "topic": self.topic, "contract": self.contract.name,
-            "contract_version": self.contract.version, "source_key": key,
-            "event_type": self.event_type, "parent_key": key, "root_key": root_key,
-            "publish_attempts": 0, "created_at": created_at}
+        entry = self.head(key, root_key, created_at)
         try:
             entry["body"] = self.body(document)
-        except ContractViolation as exc:
-            entry.update(status=Status.FAILED.value, error={
-                "type": "ContractViolation", "message": str(exc),
-                "classification": "permanent"})
-            return entry
+        except Exception as exc:  # ContractViolation, or a value that breaks the checks
+            return _failed(entry, exc)
         entry["status"] = Status.PENDING.value
         return entry
+
+    def head(self, key: str, root_key: str, created_at: datetime) -> dict[str, Any]:
+        """The entry's identity and routing, before its body and status."""
+        return {"idempotency_key": forward_key(key, self.topic, self.contract.version),
+                "kind": KIND, "topic": self.topic, "contract": self.contract.name,
+                "contract_version": self.contract.version, "source_key": key,
+                "event_type": self.event_type, "parent_key": key, "root_key": root_key,
+                "publish_attempts": 0, "created_at": created_at}
 
 
 class Forwards:
@@ -223,10 +229,30 @@ class Forwards:
                      if is_forward(entry) and entry.get("status") == Status.PUBLISHED}
         out = []
         for forward in declared:
-            if forward.selects(document):
+            try:
+                selected = forward.selects(document)
+            except Exception as exc:  # a value the handler's event holds refuses comparing
+                entry = _failed(forward.head(key, root_key, created_at), exc)
+            else:
+                if not selected:
+                    continue
                 entry = forward.entry(key, root_key, document, created_at)
-                out.append(dict(published.get(entry["idempotency_key"], entry)))
+            out.append(dict(published.get(entry["idempotency_key"], entry)))
         return out
+
+
+def _failed(entry: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    """``entry`` FAILED for good with ``exc``: never published, shown to operators.
+
+    A forward is built after the handler's effect is done, so its failure
+    (the event does not fit the contract, or the mapping's own code raised)
+    fails the forward only; the event stays SUCCESS and its effect is not
+    repeated. The same event fails the same way again: permanent.
+    """
+    entry.update(status=Status.FAILED.value, error={
+        "type": bounded_text(type(exc).__name__, 200), "message": error_text(exc),
+        "classification": "permanent"})
+    return entry
 
 
 def _clashes(forwards: Sequence[Forward]) -> list[str]:

@@ -73,19 +73,26 @@ def entity_key(partner_id: str, entity_type: str, entity_id: str) -> str:
 
 
 def position(value: Any, path: str = "ordered_by") -> Position:
-    """Return ``value`` as a comparable position, or raise ``OrderError`` saying why."""
+    """Return ``value`` as a comparable position, or raise ``OrderError`` saying why.
+
+    The position is a plain ``int`` or ``float`` even when an upcaster put a
+    subclass there: the stages after the read (sorting a lane, comparing with
+    the applied position, storing it) never run code of the event's.
+    """
     if isinstance(value, bool) or value is None:
         raise OrderError(f"{path}: no number or RFC 3339 time (got {_shown(value)})")
     if isinstance(value, int):
+        value = int.__int__(value)  # the base method: a subclass's own is never called
         if abs(value) > _INT64:
             raise OrderError(f"{path}: {_shown(value)} is outside the 64-bit range")
         return value
     if isinstance(value, float):
+        value = float.__float__(value)
         if not math.isfinite(value):
             raise OrderError(f"{path}: {_shown(value)} is not a finite number")
         return value
     if isinstance(value, str):
-        return _time(value, path)
+        return _time(str.__str__(value), path)
     raise OrderError(f"{path}: no number or RFC 3339 time (got {type(value).__name__})")
 
 

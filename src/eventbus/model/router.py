@@ -30,7 +30,7 @@ from typing import Any
 
 from eventbus.model.context import Context
 from eventbus.model.errors import DuplicateHandler, UnknownEventType, UnsupportedVersion
-from eventbus.model.event import Event
+from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.forward import Forward, Forwards, Path
 
 Handler = Callable[[Context], None]
@@ -55,17 +55,35 @@ class Route:
     event of that entity."""
 
     def upcast(self, event: Event) -> Event:
-        """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``."""
+        """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``.
+
+        What an upcaster raises propagates as it is: the caller classifies it
+        as the handler's own failure. One that returns no ``Event`` raises
+        ``TypeError`` here, before anything reads the result (the position
+        of an ordered route, the forwards after the handler).
+        """
         for _ in range(_MAX_UPCASTS):
             if event.event_version in self.versions:
                 return event
             upcaster = self.upcasters.get(event.event_version)
             if upcaster is None:
                 break
-            event = upcaster(event)
+            event = _upcast_result(upcaster(event), self.event_type, event.event_version)
         raise UnsupportedVersion(
             f"{event.event_type} {event.event_version} is not supported "
             f"(handler reads {', '.join(self.versions)})")
+
+
+def _upcast_result(result: object, event_type: str, version: str) -> Event:
+    # Everything after an upcaster reads the event it returned (its document,
+    # its entity): a wrong return is a bug of the upcaster, raised here.
+    where = f"the {event_type} upcaster of {version}"
+    if not isinstance(result, Event):
+        raise TypeError(f"{where} returned {type(result).__name__}, not an Event")
+    if not isinstance(result.entity_metadata, EntityMetadata):
+        raise TypeError(f"{where} returned an Event whose entity_metadata is "
+                        f"{type(result.entity_metadata).__name__}, not EntityMetadata")
+    return result
 
 
 class Router:

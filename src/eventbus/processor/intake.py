@@ -54,11 +54,32 @@ class Located:
     """Set when the message is stored FAILED for good without running."""
     order: Ordering | None = None
     """The entity and position of an event whose handler is ordered (``ordered_by``)."""
+    upcast: Event | None = None
+    """The event as the handler reads it, when intake knows it already: an ordered
+    route's, upcast to read its position, or one at a version the handler reads."""
+    failure: Exception | None = None
+    """What the route's own code raised here (an ordered route's upcaster or position
+    read): the handle stage answers it as the handler's failure, without the handler."""
 
     @property
     def fingerprint(self) -> str:
         """The payload's fingerprint, as stored with its record."""
         return str(self.fields.get("payload_fingerprint") or self.fields.get("payload_sha256"))
+
+    def handler_event(self) -> Event:
+        """The event for the handler, upcast; raises what the route's code raised at intake.
+
+        Called inside the handler's ``try`` (``Processor._context``), so every
+        exception from route code is classified as the handler's own. The
+        upcast made at intake is reused: the handler reads the very event
+        whose position ordered it, and an upcaster runs once per delivery.
+        """
+        if self.failure is not None:
+            raise self.failure
+        if self.upcast is not None:
+            return self.upcast
+        assert self.route is not None and self.event is not None
+        return self.route.upcast(self.event)
 
 
 class Intake:
@@ -78,11 +99,15 @@ class Intake:
             # Nothing it holds is trusted: not the key it asked for, nor its links
             # (the event itself is kept when it parsed: parsed once, not again).
             return _refused(delivery, parsed, exc)
+        order: Ordering | None = None
+        upcast: Event | None = None
+        failure: Exception | None = None
         try:
             route = self._route(event, key, root)
-            # The position is read as the handler reads the event: upcast.
-            order = ordering(route.upcast(event), route.ordered_by) if route.ordered_by \
-                else None
+            if route.ordered_by:
+                order, upcast, failure = _ordered(route, route.ordered_by, event)
+            elif event.event_version in route.versions:
+                upcast = event  # read as it is: the handle stage calls no upcast
         except InternalOnly as exc:
             return _refused(delivery, event, exc)
         except InvalidEvent as exc:
@@ -92,7 +117,8 @@ class Intake:
             return _refused(delivery, event, exc, key, payload)
         fields = documents.event_fields(event, delivery, fingerprint=payload,
                                         **self._links(delivery, key, root))
-        return Located(delivery, key, fields, event, route, root, order=order)
+        return Located(delivery, key, fields, event, route, root, order=order, upcast=upcast,
+                       failure=failure)
 
     def _key(self, event: Event, delivery: Delivery, payload: str) -> tuple[str, str]:
         if REPLAY_OF in delivery.attributes:
@@ -160,6 +186,25 @@ def _event(delivery: Delivery) -> tuple[Event, str]:
         raise ContentProblem(f"the message cannot be stored as it is: {found}")
     assert text is not None  # a document too deep to encode is never storable
     return event, fingerprint_text(text)
+
+
+def _ordered(route: Route, path: str,
+             event: Event) -> tuple[Ordering | None, Event | None, Exception | None]:
+    """An ordered event's position, read as the handler reads the event: upcast.
+
+    ``InvalidEvent`` (an unsupported version, no usable position) propagates:
+    the event can never run. Anything else the route's code raises (a bug in
+    the upcaster, or in what it returned) is kept as the failure the handle
+    stage answers after the claim: classified as the handler's own, stored,
+    bounded by the attempt cap. Such an event holds no entity: it never runs.
+    """
+    try:
+        upcast = route.upcast(event)
+        return ordering(upcast, path), upcast, None
+    except InvalidEvent:
+        raise
+    except Exception as exc:  # whatever route code raises: see the docstring
+        return None, None, exc
 
 
 def _canonical(value: object) -> str | None:

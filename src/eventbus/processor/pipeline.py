@@ -341,7 +341,7 @@ class Processor:
         assert claim is not None
         log = logging.LoggerAdapter(logger, {"requestId": item.request_id,
                                              "idempotency_key": located.key})
-        return Context(event=located.route.upcast(located.event), key=located.key,
+        return Context(event=located.handler_event(), key=located.key,
                        attempt=claim.attempt, delivery=located.delivery, log=log,
                        db=self.store.database, now=self.now, root_key=located.root_key,
                        guard=self.guard, partners=self.partners)
