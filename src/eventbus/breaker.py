@@ -11,9 +11,14 @@ A handler makes an outbound call through its partner::
   permanent failure (the partner answered, and refused) counts as an answer.
   An operator may hold a breaker open or close it by hand (``force``).
 * **Rate.** ``Settings.partner_rate`` (or the partner's own, ``partner_rates``)
-  calls per second, counted in fixed windows in the store, so three instances
-  share one quota. A call over it waits for the next window when that is at
-  most ``partner_rate_wait_seconds`` away.
+  calls per second, kept as one token bucket per partner in the store, so
+  three instances share one quota: ``partner_burst_seconds``' worth of calls
+  may go at once, then one per interval. Over any span ``T``, at most
+  ``rate * T + burst`` calls go, wherever ``T`` starts (no window boundary to
+  straddle). The store decides on its own clock, in one round trip
+  (``EventStore.rate_take``), so instances whose clocks differ by minutes
+  share it exactly. A call over it takes the next token and waits for it when
+  that is at most ``partner_rate_wait_seconds`` away.
 * **Parked.** A call the breaker or the rate does not let through raises
   ``BreakerOpen`` or ``RateLimited`` (``PartnerPaused``) with the time it may
   go through; the processor parks the event until then (stored, acked) and
@@ -25,6 +30,12 @@ A handler makes an outbound call through its partner::
 State moves by pure functions (``admit``, ``succeeded``, ``failed``,
 ``forced``) over ``BreakerState``, written back by compare-and-swap
 (``EventStore.breaker_swap``): single-document writes, no transaction.
+
+**One clock.** Every time a breaker stores or compares (``opened_at``,
+``open_until``, ``probe_until``, the ``until`` of ``BreakerOpen``) is the
+store's (``store.now()``: the memory store's clock, MongoDB's server clock),
+and every rate decision is the store's too; this process's clock only times
+its own waits (``sleep``).
 """
 
 from __future__ import annotations
@@ -32,15 +43,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from eventbus.model.errors import BreakerOpen, Classification, Classifier, RateLimited
 from eventbus.settings import Settings
 from eventbus.store.base import Record
+from eventbus.store.documents.parking import RateLimit, RateTake
 
 logger = logging.getLogger("eventbus.breaker")
 
@@ -55,6 +66,10 @@ _AUDIT_KEEP = 20
 class PartnerStore(Protocol):
     """The store primitives a partner uses (a subset of ``EventStore``)."""
 
+    def now(self) -> datetime:
+        """The store's clock: every breaker time is read from it."""
+        ...
+
     def breaker_get(self, name: str) -> Record | None:
         """Return ``name``'s breaker document, or None."""
         ...
@@ -63,8 +78,8 @@ class PartnerStore(Protocol):
         """Store ``document`` if the breaker is still at ``version``."""
         ...
 
-    def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
-        """Count one call in the window; return the count."""
+    def rate_take(self, name: str, limit: RateLimit, max_wait: timedelta) -> RateTake:
+        """Take a token of ``name``'s shared bucket (one round trip, on the store's clock)."""
         ...
 
     def unpark(self, name: str, now: datetime) -> int:
@@ -253,7 +268,8 @@ class Partner:
         return result
 
     def _admit(self) -> BreakerState:
-        store, now, policy = self.partners.store, self.partners.now(), self.partners.policy
+        store, policy = self.partners.store, self.partners.policy
+        now = store.now()
         state = BreakerState.from_document(store.breaker_get(self.name))
         decision, probing = admit(state, now, policy)
         if decision.allowed and probing is None:
@@ -272,7 +288,8 @@ class Partner:
         """Store how the call went; the state when this failure opened the breaker."""
         # The call happened: a store error here must not fail it (the guard
         # would call again), so the breaker's bookkeeping only logs.
-        store, now, policy = self.partners.store, self.partners.now(), self.partners.policy
+        store, policy = self.partners.store, self.partners.policy
+        now = store.now()
         answered = exc is None or self.partners.classifier.classify(exc) \
             is Classification.PERMANENT
         try:
@@ -303,13 +320,19 @@ def _probe(state: BreakerState, now: datetime, policy: Policy) -> BreakerState |
 
 
 class Partners:
-    """The partners of one processor: its store, clock, classifier and settings."""
+    """The partners of one processor: its store, classifier, settings and waits."""
 
-    def __init__(self, store: PartnerStore, settings: Settings, *, now: Callable[[], datetime],
+    def __init__(self, store: PartnerStore, settings: Settings, *,
+                 now: Callable[[], datetime] | None = None,
                  classifier: Classifier | None = None,
                  sleep: Callable[[float], None] | None = None) -> None:
-        """``sleep`` defaults to the clock's own ``sleep`` (a fake clock's moves it), else real."""
-        self.store, self.settings, self.now = store, settings, now
+        """Decide every breaker and rate time on ``store.now()``, never on ``now``.
+
+        ``now`` is this process's clock, only as the source of its waits:
+        ``sleep`` defaults to ``now.sleep`` (a ``FakeClock``'s moves it), else
+        ``time.sleep``.
+        """
+        self.store, self.settings = store, settings
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
         self.sleep = sleep or getattr(now, "sleep", None) or time.sleep
@@ -324,30 +347,20 @@ class Partners:
         return self.rates.get(name, self.settings.partner_rate)
 
     def pace(self, name: str) -> None:
-        """Count a call of ``name`` in its shared window; wait briefly or raise ``RateLimited``."""
+        """Take a token of ``name``'s shared bucket; wait briefly for it or raise ``RateLimited``.
+
+        One round trip: the store reserves the next token when it is at most
+        ``partner_rate_wait_seconds`` away (this call then sleeps until it),
+        else takes nothing and answers when the next one is free, the
+        ``until`` the event is parked to.
+        """
         rate = self.rate(name)
         if rate <= 0:
             return
-        window = max(1.0, 1.0 / rate)
-        limit = max(1, int(rate * window))
-        for _ in range(3):
-            until = self._take(name, window, limit)
-            if until is None:
-                return
-            wait = (until - self.now()).total_seconds()
-            if wait > self.settings.partner_rate_wait_seconds:
-                raise RateLimited(name, until, f"over {rate:g} calls/s")
-            self.sleep(max(0.0, wait))
-        raise RateLimited(name, self.now() + timedelta(seconds=window), f"over {rate:g} calls/s")
-
-    def _take(self, name: str, window: float, limit: int) -> datetime | None:
-        """Count one call; None when it fits, else when its turn comes (later calls later)."""
-        now = self.now().timestamp()
-        start = math.floor(now / window) * window
-        opened = datetime.fromtimestamp(start, UTC)
-        count = self.store.rate_take(name, opened, opened + timedelta(seconds=window * 2 + 60))
-        if count <= limit:
-            return None
-        # Calls already waiting go first: each ``limit`` of them takes a window.
-        ahead = (count - limit - 1) // limit
-        return opened + timedelta(seconds=window * (1 + ahead))
+        limit = RateLimit.per_second(rate, self.settings.partner_burst_seconds)
+        longest = timedelta(seconds=max(0.0, self.settings.partner_rate_wait_seconds))
+        took = self.store.rate_take(name, limit, longest)
+        if not took.taken:
+            raise RateLimited(name, took.until, f"over {rate:g} calls/s")
+        if took.wait > timedelta(0):
+            self.sleep(took.wait.total_seconds())

@@ -230,7 +230,7 @@ class Settings:
         doc="The longest wait between two redrives of an event (the wait doubles each time).")
     partner_collection: str = setting(
         "partners", env="EVENTBUS_PARTNER_COLLECTION", parse=parse_str,
-        doc="The collection of partner breakers and shared rate windows (`context.partner`).")
+        doc="The collection of partner breakers and shared rate buckets (`context.partner`).")
     breaker_failures: int = setting(
         5, env="EVENTBUS_BREAKER_FAILURES", parse=parse_int,
         doc="Consecutive transient failures of a partner's calls that open its breaker.")
@@ -247,14 +247,19 @@ class Settings:
             "may probe (longer than a partner call's deadline).")
     partner_rate: float = setting(
         0.0, env="EVENTBUS_PARTNER_RATE", parse=parse_float,
-        doc="Calls per second to each partner, shared by every instance through the store "
-            "(0: no limit).")
+        doc="Calls per second to each partner, shared by every instance through one token "
+            "bucket in the store, decided on the store's clock: over any span T at most "
+            "rate * T + burst calls go, wherever T starts (0: no limit).")
     partner_rates: tuple[tuple[str, float], ...] = setting(
         (), env="EVENTBUS_PARTNER_RATES", parse=parse_rates,
         doc="Per-partner overrides of `EVENTBUS_PARTNER_RATE`: `name=rate`, comma-separated.")
     partner_rate_wait_seconds: float = setting(
         1.0, env="EVENTBUS_PARTNER_RATE_WAIT_SECONDS", parse=parse_float,
         doc="The longest a call over its partner's rate waits; a longer wait parks its event.")
+    partner_burst_seconds: float = setting(
+        1.0, env="EVENTBUS_PARTNER_BURST_SECONDS", parse=parse_float,
+        doc="A partner's burst: its token bucket holds this many seconds' worth of calls "
+            "(rate * this, at least 1), which may go at once after a quiet spell.")
     log_level: str = setting(
         "INFO", env="LOG_LEVEL", parse=parse_str,
         doc="The level of the service's log lines (`DEBUG`, `INFO`, `WARNING`, ...).")

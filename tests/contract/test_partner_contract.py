@@ -3,42 +3,59 @@
 Each test runs against the in-memory store and the real server. "Another
 instance" is a second store object on the same data (a second client for
 MongoDB; the same dict for memory, which has no other way to share), and a
-restart is a fresh ``Partners`` (and store object) over it. Time is a
-``FakeClock`` started at real time (rate windows expire by TTL) and moved by
-hand; nothing sleeps.
+restart is a fresh ``Partners`` (and store object) over it.
+
+Time is **the store's clock**, the only one breakers and rates are decided
+on: the memory store's ``FakeClock``, or the server's clock moved by a
+``Shift`` (both start at real time: rate buckets expire by TTL), moved by
+hand and by the partners' waits; nothing sleeps. Each ``Partners`` gets its
+own process clock ten minutes ahead of or behind the store's, which must
+change nothing. On the server, real time also runs between two calls (a few
+milliseconds): the rate tests read each decision's time from the store
+(``RateTake.at``) instead of assuming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from eventbus.breaker import CLOSED, HALF_OPEN, OPEN, Partners
-from eventbus.clock import Shift
+from eventbus.clock import Shift, bson_time
 from eventbus.model.errors import BreakerOpen, PermanentError, RateLimited, TransientError
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore, Finish, Finished
 from eventbus.store.documents import parking
+from eventbus.store.documents.parking import RateLimit, RateTake, rate_step
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
-from tests.contract.conftest import StoreClock, caller_clock, mongo_settings
+from tests.contract.conftest import StoreClock, mongo_settings
 
 SETTINGS = Settings(breaker_failures=3, breaker_open_seconds=30, breaker_open_cap_seconds=100,
                     breaker_probe_seconds=10, partner_rate_wait_seconds=1.0)
+SKEW = timedelta(minutes=10)
+MS = timedelta(milliseconds=1)
 
 Twin = Callable[[], EventStore]
 
 
 @pytest.fixture()
-def twin(store: EventStore, store_clock: StoreClock,
+def moves(store_clock: StoreClock) -> StoreClock:
+    """What moves the store's clock: the memory store's ``FakeClock``, the server's ``Shift``."""
+    return store_clock
+
+
+@pytest.fixture()
+def twin(store: EventStore, moves: StoreClock,
          request: pytest.FixtureRequest) -> Iterator[Twin]:
-    """Make another store object on the same data: another instance, or one restarted (on the
-    same store clock: one server)."""
+    """Make another store object on the same data and clock: another instance, or a restart."""
     made: list[EventStore] = []
 
     def make() -> EventStore:
@@ -46,10 +63,10 @@ def twin(store: EventStore, store_clock: StoreClock,
             return store
         from eventbus.store.mongo import MongoEventStore
 
+        assert isinstance(moves, Shift)
         database = store.database.name
-        assert isinstance(store_clock, Shift)
         other = MongoEventStore.from_settings(
-            mongo_settings(request.getfixturevalue("mongo_uri"), database), shift=store_clock)
+            mongo_settings(request.getfixturevalue("mongo_uri"), database), shift=moves)
         made.append(other)
         return other
 
@@ -58,14 +75,42 @@ def twin(store: EventStore, store_clock: StoreClock,
         other.close()  # type: ignore[attr-defined]
 
 
+@dataclasses.dataclass
+class StoreTime:
+    """The store's clock as a test reads and moves it."""
+
+    store: EventStore
+    moves: StoreClock
+
+    def __call__(self) -> datetime:
+        """The store's time now."""
+        return self.store.now()
+
+    def advance(self, seconds: float) -> None:
+        """Move the store's clock (and so every instance's shared time) on."""
+        self.moves.advance(seconds)
+
+    @property
+    def exact(self) -> bool:
+        """True when no real time runs between two calls (the memory store)."""
+        return isinstance(self.moves, FakeClock)
+
+    @property
+    def slack(self) -> timedelta:
+        """How far two readings of "the same" store time may differ (the server's round trips)."""
+        return timedelta(0) if self.exact else timedelta(milliseconds=100)
+
+
 @pytest.fixture()
-def clock(store_clock: StoreClock, now: datetime) -> FakeClock:
-    """The instances' clock, started at real time; moving it moves the store's clock too."""
-    return caller_clock(store_clock, now)
+def clock(store: EventStore, moves: StoreClock) -> StoreTime:
+    return StoreTime(store, moves)
 
 
-def partners(store: EventStore, clock: FakeClock, settings: Settings = SETTINGS) -> Partners:
-    return Partners(store, settings, now=clock)
+def partners(store: EventStore, clock: StoreTime, settings: Settings = SETTINGS, *,
+             skew: timedelta = SKEW) -> Partners:
+    """An instance whose own clock is ``skew`` off the store's; its waits move the store's."""
+    return Partners(store, settings, now=FakeClock(datetime.now(UTC) + skew),
+                    sleep=clock.advance)
 
 
 def boom() -> None:
@@ -150,7 +195,7 @@ def test_one_probe_at_a_time_across_instances(store: EventStore, twin: Twin,
         started.set()
         release.wait(5)
 
-    instances = [partners(twin(), clock) for _ in range(3)]
+    instances = [partners(twin(), clock, skew=skew) for skew in (-SKEW, SKEW, 3 * SKEW)]
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(instances[0].get("acme").call, probe)
         assert started.wait(5)
@@ -180,7 +225,7 @@ def test_a_lost_probe_lets_another_go_after_the_probe_time(store: EventStore,
 
 def test_a_restart_forgets_nothing(store: EventStore, twin: Twin, clock: FakeClock) -> None:
     fail(partners(store, clock))
-    restarted = partners(twin(), clock)
+    restarted = partners(twin(), clock, skew=-SKEW)
     with pytest.raises(BreakerOpen):
         restarted.get("acme").call(lambda: None)
     clock.advance(30)
@@ -191,8 +236,25 @@ def test_a_restart_forgets_nothing(store: EventStore, twin: Twin, clock: FakeClo
 def test_failures_count_across_instances(store: EventStore, twin: Twin,
                                          clock: FakeClock) -> None:
     fail(partners(store, clock), times=2)
-    fail(partners(twin(), clock), times=1)
+    fail(partners(twin(), clock, skew=-SKEW), times=1)
     assert state(store) == OPEN
+
+
+def test_instances_whose_clocks_differ_by_minutes_share_one_breaker_timeline(
+        store: EventStore, twin: Twin, clock: StoreTime) -> None:
+    behind, ahead = partners(store, clock, skew=-SKEW), partners(twin(), clock, skew=SKEW)
+    calls: list[str] = []
+    before = clock()
+    fail(behind)
+    opened = doc(store)
+    assert bson_time(before) <= opened["opened_at"] <= clock()  # the store's, not an instance's
+    assert opened["open_until"] == opened["opened_at"] + timedelta(seconds=30)
+    with pytest.raises(BreakerOpen) as refused:  # ten minutes ahead changes nothing
+        ahead.get("acme").call(lambda: calls.append("early"))
+    assert calls == [] and refused.value.until == opened["open_until"]
+    clock.advance(30)
+    behind.get("acme").call(lambda: calls.append("probe"))  # nor ten minutes behind
+    assert calls == ["probe"] and state(store) == CLOSED
 
 
 def test_a_permanent_answer_counts_as_an_answer_and_other_partners_are_untouched(
@@ -213,39 +275,178 @@ def test_a_permanent_answer_counts_as_an_answer_and_other_partners_are_untouched
 
 
 # -- the shared rate -------------------------------------------------------------------------
-def test_rate_windows_count_across_instances_and_start_again(store: EventStore, twin: Twin,
-                                                             now: datetime) -> None:
-    window, expires = now.replace(microsecond=0), now + timedelta(minutes=5)
+NO_WAIT = timedelta(0)
+
+
+def admitted(takes: Sequence[RateTake]) -> list[datetime]:
+    """When each taken call may go (its token's time), in order."""
+    return sorted(take.until for take in takes if take.taken)
+
+
+def most_in_any_span(times: Sequence[datetime], limit: RateLimit) -> list[tuple[int, float]]:
+    """Every span between two admissions whose count is over ``rate * span + burst``."""
+    over = []
+    for first in range(len(times)):
+        for last in range(first, len(times)):
+            span = (times[last] - times[first]) / MS
+            count = last - first + 1
+            if count > span / limit.interval_ms + limit.burst:
+                over.append((count, span))
+    return over
+
+
+def test_a_refused_call_learns_when_the_next_token_is_free(store: EventStore,
+                                                          clock: StoreTime) -> None:
+    limit = RateLimit(interval_ms=500, burst=2)
+    first, second, third = (store.rate_take("acme", limit, NO_WAIT) for _ in range(3))
+    assert first.taken and second.taken and first.wait == second.wait == NO_WAIT
+    assert not third.taken and third.until == first.at + timedelta(milliseconds=500)
+    assert third.wait == third.until - third.at > NO_WAIT
+    clock.advance((third.wait - 200 * MS).total_seconds())
+    early = store.rate_take("acme", limit, NO_WAIT)  # refusals spend nothing: the same token
+    assert not early.taken and early.until == third.until
+    if clock.exact:
+        clock.advance(0.199)
+        assert store.rate_take("acme", limit, NO_WAIT).wait == MS
+    clock.advance(0.2)
+    on_time = store.rate_take("acme", limit, NO_WAIT)
+    assert on_time.taken and on_time.wait == NO_WAIT
+    assert not store.rate_take("acme", limit, NO_WAIT).taken
+    assert store.rate_take("globex", limit, NO_WAIT).taken  # each partner has its own bucket
+
+
+def test_a_call_within_the_longest_wait_reserves_its_token_and_later_ones_queue(
+        store: EventStore) -> None:
+    limit, longest = RateLimit(interval_ms=500, burst=2), timedelta(seconds=1)
+    takes = [store.rate_take("acme", limit, longest) for _ in range(5)]
+    start = takes[0].at
+    assert [take.taken for take in takes] == [True, True, True, True, False]
+    assert takes[0].wait == takes[1].wait == NO_WAIT
+    assert [take.until - start for take in takes[2:]] == [500 * MS, 1000 * MS, 1500 * MS]
+    assert takes[3].wait <= longest < takes[4].wait
+
+
+def test_at_any_rate_no_span_admits_more_than_rate_times_span_plus_burst(
+        store: EventStore, clock: StoreTime) -> None:
+    """Random gaps, bursts and boundary instants: every span is checked, not one window.
+
+    Each decision is also the pure rule's (``rate_step``) at the store's own
+    time of it, so the server's pipeline and the memory store agree.
+    """
+    gaps = random.Random(6).choices([0, 0, 0, 0.001, 0.1, 0.249, 0.25, 0.499, 0.5, 0.999, 1.5],
+                                    k=150)
+    for limit, longest in ((RateLimit(250, 3), NO_WAIT), (RateLimit(500, 1), NO_WAIT),
+                           (RateLimit(250, 3), timedelta(milliseconds=600))):
+        name, takes, tat = f"p-{limit.interval_ms}-{limit.burst}-{longest / MS:g}", [], None
+        for gap in gaps:
+            clock.advance(gap)
+            take = store.rate_take(name, limit, longest)
+            expected, tat = rate_step(tat, take.at, limit, longest)
+            assert take == expected
+            takes.append(take)
+        times = admitted(takes)
+        assert most_in_any_span(times, limit) == []
+        assert 0 < len(times) < len(takes)  # the sequence did meet the limit
+
+
+def test_no_double_rate_across_a_window_boundary(store: EventStore, clock: StoreTime) -> None:
+    limit = RateLimit(interval_ms=500, burst=2)  # 2 calls/s
+    clock.advance((0.99 - clock().timestamp()) % 1)  # 10 ms before a whole second
+    before = [store.rate_take("acme", limit, NO_WAIT) for _ in range(4)]
+    clock.advance(0.02)  # 10 ms after it: a fixed window would start counting again
+    after = [store.rate_take("acme", limit, NO_WAIT) for _ in range(4)]
+    assert [take.taken for take in before + after] == [True, True] + [False] * 6
+
+
+def test_takes_from_many_instances_at_once_never_overspend(store: EventStore,
+                                                          twin: Twin) -> None:
+    # A second's wait absorbs two concurrent commands whose $$NOW came in the
+    # other order than their writes; the sixth token is an hour away.
+    limit, longest = RateLimit(interval_ms=3_600_000, burst=5), timedelta(seconds=1)
     stores = [store, twin(), twin()]
     with ThreadPoolExecutor(6) as pool:
-        counts = list(pool.map(lambda index: stores[index % 3].rate_take("acme", window,
-                                                                         expires), range(30)))
-    assert sorted(counts) == list(range(1, 31))
-    assert store.rate_take("acme", window + timedelta(seconds=1), expires) == 1
-    assert store.rate_take("globex", window, expires) == 1
+        takes = list(pool.map(lambda index: stores[index % 3].rate_take("acme", limit, longest),
+                              range(30)))
+    assert sum(take.taken for take in takes) == 5
+    [until] = {take.until for take in takes if not take.taken}  # one next token for all
+    times = [take.at for take in takes if take.taken]
+    assert min(times) + timedelta(hours=1) <= until <= max(times) + timedelta(hours=1)
 
 
-def test_over_the_rate_a_call_waits_for_the_next_window_or_parks(store: EventStore,
-                                                               twin: Twin,
-                                                               clock: FakeClock) -> None:
-    settings = Settings(partner_rate=2, partner_rates=(("slow", 0.25),),
-                        partner_rate_wait_seconds=1.0)
-    clock.moment = clock.moment.replace(microsecond=0)
-    first, second = partners(store, clock, settings), partners(twin(), clock, settings)
+def test_instances_whose_clocks_differ_by_minutes_get_exactly_the_same_admissions(
+        store: EventStore, twin: Twin, clock: StoreTime) -> None:
+    """One partner paced by two instances 10 minutes ahead and behind, one by an exact one."""
+    settings = dataclasses.replace(SETTINGS, partner_rate=0.25, partner_burst_seconds=8.0,
+                                   partner_rate_wait_seconds=0.0)  # one per 4 s, two at once
+    skewed = [partners(store, clock, settings, skew=SKEW),
+              partners(twin(), clock, settings, skew=-SKEW)]
+    exact = partners(twin(), clock, settings, skew=timedelta(0))
+    outcomes: dict[str, list[tuple[str, datetime | None]]] = {"acme": [], "globex": []}
+    for step in range(24):
+        for name, group in (("acme", skewed[step % 2]), ("globex", exact)):
+            try:
+                group.get(name).call(lambda: None)
+                outcomes[name].append(("called", None))
+            except RateLimited as refused:
+                outcomes[name].append(("parked", refused.until))
+        clock.advance(1.0)  # a refused call is 1 s or more before its token
+    kinds = {name: [kind for kind, _ in seen] for name, seen in outcomes.items()}
+    assert kinds["acme"] == kinds["globex"]
+    # The burst of two, then one per 4 s (on a fixed-window clock per instance,
+    # the instances 20 minutes apart would each have had their own windows).
+    assert [step for step, kind in enumerate(kinds["acme"]) if kind == "called"] == \
+        [0, 1, 4, 8, 12, 16, 20]
+    for (_, until), (_, same) in zip(outcomes["acme"], outcomes["globex"], strict=True):
+        assert (until is None) == (same is None)
+        assert until is None or same is None or abs(until - same) <= clock.slack
+
+
+def test_over_the_rate_a_call_waits_for_its_token_or_parks_until_the_next(
+        store: EventStore, twin: Twin, clock: StoreTime) -> None:
+    settings = dataclasses.replace(SETTINGS, partner_rate=2, partner_rates=(("slow", 0.25),),
+                                   partner_rate_wait_seconds=1.0)
+    first = partners(store, clock, settings)
+    second = partners(twin(), clock, settings, skew=-SKEW)
     calls: list[str] = []
     first.get("acme").call(lambda: calls.append("a"))
-    second.get("acme").call(lambda: calls.append("b"))
+    second.get("acme").call(lambda: calls.append("b"))  # the burst: two at once
     started = clock()
-    first.get("acme").call(lambda: calls.append("c"))  # waited for the next window
-    assert calls == ["a", "b", "c"] and clock() - started == timedelta(seconds=1)
-    clock.advance(4 - clock().timestamp() % 4)  # the start of a 4-second window
-    second.get("slow").call(lambda: calls.append("d"))
+    first.get("acme").call(lambda: calls.append("c"))  # waited for the next token
+    waited = clock() - started
+    assert calls == ["a", "b", "c"] and timedelta(milliseconds=400) < waited
+    assert waited == timedelta(milliseconds=500) or not clock.exact
+    second.get("slow").call(lambda: calls.append("d"))  # one every 4 s, a burst of one
+    token = clock() + timedelta(seconds=4)
     with pytest.raises(RateLimited) as parked:
-        first.get("slow").call(lambda: calls.append("e"))  # the next window is 4 s away
-    assert calls[-1] == "d" and parked.value.until == clock() + timedelta(seconds=4)
-    with pytest.raises(RateLimited) as later:
-        first.get("slow").call(lambda: calls.append("f"))
-    assert later.value.until == clock() + timedelta(seconds=8)  # behind the one parked first
+        first.get("slow").call(lambda: calls.append("e"))  # 4 s away: over the longest wait
+    assert calls[-1] == "d" and abs(parked.value.until - token) <= clock.slack
+    with pytest.raises(RateLimited) as again:
+        second.get("slow").call(lambda: calls.append("f"))
+    assert again.value.until == parked.value.until  # a refusal takes no token
+    clock.advance((parked.value.until - clock() + clock.slack).total_seconds())
+    first.get("slow").call(lambda: calls.append("g"))
+    assert calls == ["a", "b", "c", "d", "g"]
+
+
+def test_a_rate_check_is_one_round_trip_on_the_server(mongo_uri: str, mongo_db: Any) -> None:
+    from eventbus.store.mongo import MongoEventStore
+
+    settings = mongo_settings(mongo_uri, mongo_db.name, partner_rate=1.0,
+                              partner_rate_wait_seconds=0.1)
+    counted = MongoEventStore.from_settings(settings, count_round_trips=True)
+    try:
+        counted.now()  # the server clock's first reading (then every few minutes)
+        group, limit = Partners(counted, settings), RateLimit(1000, 1)
+        with counted.round_trips.measure() as first:
+            counted.rate_take("acme", limit, NO_WAIT)  # the bucket's upsert
+        with counted.round_trips.measure() as refused:
+            counted.rate_take("acme", limit, NO_WAIT)
+        with counted.round_trips.measure() as call, pytest.raises(RateLimited):
+            group.get("acme").call(lambda: None)
+        assert first.commands == refused.commands == ["findAndModify"]
+        assert call.commands == ["find", "findAndModify"]  # the breaker's read, the rate's take
+    finally:
+        counted.close()
 
 
 # -- parked events ---------------------------------------------------------------------------
@@ -287,14 +488,14 @@ def test_unpark_makes_a_partners_parked_events_due_now(store: EventStore,
     assert (store.get(keys["acme"]) or {})["parks"] == 1  # unparking does not forget it
 
 
-def test_reset_forgets_the_breakers_too(store: EventStore, clock: FakeClock) -> None:
+def test_reset_forgets_the_breakers_too(store: EventStore, clock: StoreTime) -> None:
     fail(partners(store, clock))
     store.reset()
     assert store.breaker_get("acme") is None and store.breakers() == []
 
 
 def test_a_probe_that_closes_the_breaker_brings_its_parked_events_back(
-        store: EventStore, clock: FakeClock) -> None:
+        store: EventStore, clock: StoreTime) -> None:
     from tests.contract.conftest import FIELDS, new_key
 
     group, key, later = partners(store, clock), new_key(), clock() + timedelta(hours=1)

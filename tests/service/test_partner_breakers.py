@@ -4,7 +4,8 @@ A test handler calls its event's partner through ``context.partner`` with a
 fake call that fails while the partner is "down". Push goes through the real
 Flask app, pull through the real ``PullWorker``, the redrive through the real
 ``Redriver`` with a capturing publisher; all on the in-memory store with a
-fake clock. The partner app's own client (``handlers.partners``) is checked
+fake clock, which is the store's clock too (breaker times are the store's).
+The partner app's own client (``handlers.partners``) is checked
 against a real local HTTP server at the end.
 """
 
@@ -99,7 +100,9 @@ def test_push_parks_the_down_partners_events_with_200_and_the_others_flow(
         make_harness: Make) -> None:
     partners = Partners()
     partners.down.add("down")
-    harness = make_harness(partners.router(), breaker_failures=3)
+    clock = FakeClock(START)
+    harness = make_harness(partners.router(), clock=clock, store=MemoryEventStore(clock=clock),
+                           breaker_failures=3)
     answers = [harness.push(json.loads(body(partner, n)), f"m-{partner}-{n}",
                             idempotency_key=f"{partner}-{n}").status_code
                for n in range(6) for partner in ("down", "up")]
@@ -191,7 +194,8 @@ def test_any_partner_name_from_a_message_parks_safely(name: str) -> None:
 
 
 def test_the_partner_apps_client_stops_calling_a_down_partner() -> None:
-    store, clock = MemoryEventStore(), FakeClock(START)
+    clock = FakeClock(START)
+    store = MemoryEventStore(clock=clock)
     group = Processor(store, Router(), SETTINGS, clock).partners
     with PartnerServer(then=503) as server:
         client = PartnerClient(Guard(store, lease=dt.timedelta(seconds=30), now=clock),

@@ -2,16 +2,19 @@
 
 Any sequence of successes, transient and permanent failures, probes lost
 by a dying worker, restarts (a fresh ``Partners`` over the same store) and
-clock moves is run against the in-memory store. After each step: a call
-went through only when the stored breaker let it (closed, or open past its
-time with no live probe); at the end, once the longest open time and the
-probe time have passed, a call goes through and closes the breaker.
+clock moves (the store's clock: every breaker time is read from it) is run
+against the in-memory store, each instance's own clock ten minutes ahead of
+or behind it (which must change nothing). After each step: a call went
+through only when the stored breaker let it (closed, or open past its time
+with no live probe); at the end, once the longest open time and the probe
+time have passed, a call goes through and closes the breaker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -24,6 +27,7 @@ from eventbus.testing import FakeClock
 
 SETTINGS = Settings(breaker_failures=2, breaker_open_seconds=5, breaker_open_cap_seconds=12,
                     breaker_probe_seconds=3)
+SKEW = dt.timedelta(minutes=10)
 # Transient failures weigh most, and clock moves land on the open and probe
 # times as often as between them: the sequences that reach a failed probe.
 STEPS = st.lists(st.one_of(
@@ -71,13 +75,20 @@ def attempt(group: Partners, store: MemoryEventStore, clock: FakeClock, step: st
 @example(["transient", "transient", 5, "die", 2, "ok", 1, "ok"])  # a probe lost, then one more
 def test_no_sequence_leaves_a_partner_open_forever_or_calls_it_while_open(
         steps: list[str | int]) -> None:
-    store, clock = MemoryEventStore(), FakeClock()
-    group = Partners(store, SETTINGS, now=clock)
+    clock = FakeClock()
+    store = MemoryEventStore(clock=clock)  # the breaker's times are the store's
+    skews = itertools.cycle([SKEW, -SKEW])
+
+    def instance() -> Partners:
+        return Partners(store, SETTINGS, now=FakeClock(clock() + next(skews)),
+                        sleep=clock.advance)
+
+    group = instance()
     for step in steps:
         if isinstance(step, int):
             clock.advance(step)
         elif step == "restart":
-            group = Partners(store, SETTINGS, now=clock)
+            group = instance()
         else:
             attempt(group, store, clock, step)
     clock.advance(SETTINGS.breaker_open_cap_seconds + SETTINGS.breaker_probe_seconds)

@@ -61,7 +61,7 @@ def views(store: Any, settings: Settings, now: datetime) -> list[PartnerView]:
     """Return every partner with a breaker or parked events, by name."""
     breakers = {str(doc["name"]): BreakerState.from_document(doc) for doc in store.breakers()}
     parked = store.parked_counts()
-    rates = Partners(store, settings, now=lambda: now)
+    rates = Partners(store, settings)
     names = sorted({*breakers, *parked, *dict(settings.partner_rates)})
     return [_view(name, breakers.get(name, BreakerState()), parked.get(name, 0),
                   rates.rate(name), now) for name in names]

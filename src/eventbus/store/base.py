@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from eventbus.model.errors import AlreadyExists, ContentRejected
+from eventbus.store.documents.parking import RateLimit, RateTake
 
 Record = dict[str, Any]
 """A stored document, as the seed schema names its fields."""
@@ -375,11 +376,15 @@ class EventStore(Protocol):
         """Return every breaker document, by name."""
         ...
 
-    def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
-        """Count one call of partner ``name`` in the window starting at ``window``.
+    def rate_take(self, name: str, limit: RateLimit, max_wait: timedelta) -> RateTake:
+        """Take a token of partner ``name``'s shared bucket, decided on the store's clock.
 
-        Returns the window's count with this call (one round trip); the
-        window's document may be deleted after ``expires``.
+        One atomic single-document write, one round trip (GCRA:
+        ``documents.parking.rate_step``). ``taken``: the call may go at
+        ``until`` (now, or at most ``max_wait`` later; the token is reserved
+        for it). Not taken: nothing was spent, and ``until`` is when the next
+        token is free. No caller's clock takes part, so callers whose clocks
+        differ get the same answers.
         """
         ...
 

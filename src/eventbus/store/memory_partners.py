@@ -1,4 +1,4 @@
-"""Breakers and rate windows in memory: a mixin that ``MemoryEventStore`` inherits.
+"""Breakers and token buckets in memory: a mixin that ``MemoryEventStore`` inherits.
 
 The same documents as ``mongo_partners`` (``eventbus.store.documents.parking``),
 in a dict behind the store's lock.
@@ -10,18 +10,21 @@ import copy
 import threading
 from collections import Counter
 from collections.abc import Mapping
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from eventbus.store.base import Record
 from eventbus.store.documents import bson_time
 from eventbus.store.documents.parking import (
     BREAKER,
+    RateLimit,
+    RateTake,
     breaker_document,
     breaker_id,
     is_parked,
+    rate_document,
     rate_id,
-    rate_insert,
+    rate_step,
 )
 
 
@@ -31,6 +34,11 @@ class MemoryPartnersMixin:
     _events: dict[str, Record]
     _lock: threading.RLock
     _partners: dict[str, Record]
+
+    if TYPE_CHECKING:  # provided by MemoryEventStore
+        def now(self) -> datetime:
+            """The store's clock."""
+            ...
 
     def breaker_get(self, name: str) -> Record | None:
         """Return the breaker document of ``name``, or None."""
@@ -53,14 +61,13 @@ class MemoryPartnersMixin:
             found = [doc for doc in self._partners.values() if doc.get("kind") == BREAKER]
             return copy.deepcopy(sorted(found, key=lambda doc: doc["name"]))
 
-    def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
-        """Count one call of ``name`` in the window at ``window``; return the count."""
+    def rate_take(self, name: str, limit: RateLimit, max_wait: timedelta) -> RateTake:
+        """Take a token of ``name``'s bucket on the store's clock (``rate_step``, locked)."""
         with self._lock:
-            doc = self._partners.setdefault(rate_id(name, window), {
-                "_id": rate_id(name, window), "count": 0,
-                **_stored(rate_insert(name, window, expires))})
-            doc["count"] += 1
-            return int(doc["count"])
+            found = self._partners.get(rate_id(name))
+            take, tat = rate_step(found["tat"] if found else None, self.now(), limit, max_wait)
+            self._partners[rate_id(name)] = rate_document(name, tat, take)
+            return take
 
     def parked_counts(self) -> dict[str, int]:
         """Return partner → number of parked events."""

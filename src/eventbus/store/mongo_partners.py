@@ -1,37 +1,42 @@
-"""Breakers and rate windows on MongoDB: a mixin that ``MongoEventStore`` inherits.
+"""Breakers and token buckets on MongoDB: a mixin that ``MongoEventStore`` inherits.
 
 One collection (``Settings.partner_collection``) holds both kinds of
 document (``eventbus.store.documents.parking``). Every write is one
 single-document operation: a breaker moves by compare-and-swap on its
-``version``, a rate window by an upserted ``$inc``.
+``version``, a partner's token bucket by one upserted update pipeline decided
+on the server's clock (``$$NOW``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
+from eventbus.clock import Shift, store_now
 from eventbus.store.base import Record
 from eventbus.store.documents import bson_time
 from eventbus.store.documents.parking import (
     BREAKER,
+    RateLimit,
+    RateTake,
     breaker_document,
     breaker_id,
     parked_filter,
     rate_id,
-    rate_insert,
+    rate_pipeline,
+    rate_result,
 )
 from eventbus.store.mongo_errors import unavailable as _unavailable
 
 PARTNER_INDEXES = (IndexModel([("expire_at", ASCENDING)], name="expire_at_1",
                               expireAfterSeconds=0),
                    IndexModel([("kind", ASCENDING)], name="kind_1"))
-"""The partners collection's indexes: rate windows expire; breakers are listed by kind."""
+"""The partners collection's indexes: full token buckets expire; breakers are listed by kind."""
 
 
 class MongoPartnersMixin:
@@ -39,6 +44,7 @@ class MongoPartnersMixin:
 
     _collection: Collection
     _partners: Collection
+    _shift: Shift
 
     def ensure_partner_indexes(self) -> None:
         """Create the partners collection's indexes (``PARTNER_INDEXES``)."""
@@ -72,19 +78,23 @@ class MongoPartnersMixin:
         with _unavailable("list", "breakers"):
             return list(self._partners.find({"kind": BREAKER}).sort("name", ASCENDING))
 
-    def rate_take(self, name: str, window: datetime, expires: datetime) -> int:
-        """Count one call of ``name`` in the window at ``window``; return the count."""
-        update = {"$inc": {"count": 1}, "$setOnInsert": rate_insert(name, window, expires)}
+    def rate_take(self, name: str, limit: RateLimit, max_wait: timedelta) -> RateTake:
+        """Take a token of ``name``'s bucket in one round trip, decided on ``$$NOW``."""
+        pipeline = rate_pipeline(name, limit, max_wait, store_now(self._shift))
         with _unavailable("rate", name):
             try:
-                return self._count(rate_id(name, window), update)
-            except DuplicateKeyError:  # two first calls of a window upserted at once
-                return self._count(rate_id(name, window), update)
+                return self._take_token(name, pipeline)
+            except DuplicateKeyError:  # two first calls upserted the bucket at once
+                return self._take_token(name, pipeline)
 
-    def _count(self, key: str, update: Mapping[str, Any]) -> int:
+    def _take_token(self, name: str, pipeline: list[Any]) -> RateTake:
+        # Upserted on _id equality: this server refuses $expr in an upsert's filter,
+        # and the rule needs none (the pipeline decides on what it finds).
         after: Record | None = self._partners.find_one_and_update(
-            {"_id": key}, dict(update), upsert=True, return_document=ReturnDocument.AFTER)
-        return int((after or {}).get("count") or 1)
+            {"_id": rate_id(name)}, pipeline, upsert=True, return_document=ReturnDocument.AFTER)
+        if after is None:  # an upsert returning the document after always has one
+            raise RuntimeError(f"the rate of {name!r} returned no document")
+        return rate_result(after)
 
     def parked_counts(self) -> dict[str, int]:
         """Return partner → number of parked events."""
