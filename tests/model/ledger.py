@@ -179,6 +179,7 @@ class Ledger:
         """Entity → the highest position seen SUCCESS (not stale), and its key."""
         self._positions: dict[str, Any] = {}
         self._capped: set[str] = set()
+        """Keys whose current failure was checked against its cap (until their next claim)."""
 
     # -- recording -------------------------------------------------------------------
     def violate(self, family: type[Violation], text: str) -> None:
@@ -188,6 +189,7 @@ class Ledger:
     def claimed(self, key: str, owner: str, slot: int, thread: int, healthy: bool) -> None:
         """A store call took ``key`` for ``owner`` on instance ``slot``."""
         self.counts[key].claims += 1
+        self._capped.discard(key)  # its next failure is a new one, to be checked
         for other in self._healthy(self.claims[key], owner):
             self.violate(LeaseTaken, f"{key} was claimed by instance {slot} while "
                                      f"{_who(other, slot)}, healthy, still ran it under its "
@@ -241,7 +243,7 @@ class Ledger:
         before = self.counts[key]
         self.counts[key] = Counts(redrives=before.redrives,
                                   handed_back_redrives=before.handed_back_redrives)
-        self._capped.discard(key)
+        self._capped.add(key)  # the error it keeps until its next claim was checked already
 
     def frozen(self, slot: int) -> None:
         """Instance ``slot`` stops (a GC pause, a stopped VM): what it has may lapse."""

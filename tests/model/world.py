@@ -404,6 +404,11 @@ class World:
         self.plans[message.key] = list(plan)
         return message.key
 
+    def add_call(self, partner: str) -> Message:
+        """A root ``CALL`` event that passes, as a message (``new_call``'s, for batches)."""
+        self.new_call(partner, shared=False, emit=False, plan=[])
+        return self.messages[-1]
+
     def new_order(self, entity: str, seq: int, *, plan: Sequence[str], call: bool = False,
                   unreadable: bool = False) -> str:
         """A root ``ORDER`` event of ``entity`` at position ``seq``; return its key."""
@@ -684,12 +689,12 @@ class World:
         delivered once more: each message never delivered, or never acked and
         with no record (only the broker has it). Pub/Sub then stops
         redelivering (its retention ran out): only the store brings events
-        back. Rounds of:
-        time moves past every lease and delay, each instance runs its
-        redrive and outbox sweeps, and what they publish is delivered; until
-        a round moves nothing. Then nothing may be PROCESSING or PENDING, a
-        retryable record must have a redrive due, and every child of a
-        SUCCESS must be published and stored.
+        back. Rounds of: time moves past every lease and delay, each instance
+        runs its redrive and outbox sweeps, and what they publish is delivered
+        (and what that publishes, children); until a round moves nothing.
+        Then nothing may be PROCESSING or PENDING, a retryable record must
+        have a redrive due, and every child of a SUCCESS must be published and
+        stored.
         """
         self.settling = True
         for instance in self.instances:
@@ -707,19 +712,28 @@ class World:
                    and (not message.delivered or message.key not in stored)]
         self.fresh.clear()
         self._deliver_each(pending)
+        self._deliver_fresh()
         for _ in range(12):
             self.advance(700)
             moved = 0
             for instance in self.eligible():
                 moved += instance.redriver(self.broker).sweep().republished
                 moved += instance.relay(self.broker).sweep(timedelta(seconds=1)).published
-            fresh, self.fresh = self.fresh, []
-            self._deliver_each(fresh)
+            delivered = self._deliver_fresh()
             self.check()
-            if not moved and not fresh:
+            if not moved and not delivered:
                 break
         self._finally_stored()
         self.ledger.raise_first()
+
+    def _deliver_fresh(self) -> int:
+        """Deliver what was published, and what that publishes (children), until none is left."""
+        delivered = 0
+        while self.fresh:
+            fresh, self.fresh = self.fresh, []
+            self._deliver_each(fresh)
+            delivered += len(fresh)
+        return delivered
 
     def _deliver_each(self, messages: Sequence[Message]) -> None:
         for index, message in enumerate(messages):
