@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import pytest
-
 from eventbus.model.outcome import Outcome
 from tests.model.world import LEASE_SECONDS, RATE_WINDOW, SETTINGS, Backend, Message, World
 
@@ -222,8 +220,3 @@ def test_a_parked_event_in_a_batch_spends_no_attempt(make_backend: MakeBackend) 
         w.check()
         assert status(w, parked) == "SUCCESS"
 
-
-@pytest.fixture(autouse=True)
-def _quiet_logs(caplog: pytest.LogCaptureFixture) -> None:
-    """The processor logs every failure the steps cause; only a failing test shows them."""
-    caplog.set_level("CRITICAL", logger="eventbus")
