@@ -350,6 +350,8 @@ class World:
         self._local = threading.local()
         self._cond = threading.Condition()
         self._numbers = iter(range(1, 1 << 30))
+        """Numbers events (keys c1, o2, ...) in the order the steps create them."""
+        self._deliveries = iter(range(1, 1 << 30))
         self.instances = [self._instance(slot, offset) for slot, offset in enumerate(offsets)]
 
     # -- building ------------------------------------------------------------------
@@ -432,7 +434,7 @@ class World:
     def deliver(self, instance: Instance, messages: Sequence[Message]) -> Run:
         """Push ``messages`` to ``instance`` as one batch; return when it ends or hangs."""
         run = Run(instance, list(messages))
-        deliveries = [message.delivery(next(self._numbers)) for message in messages]
+        deliveries = [message.delivery(next(self._deliveries)) for message in messages]
 
         def body() -> None:
             self._local.run = run
