@@ -5,7 +5,9 @@ own reproduction, in the model's terms), written out: a ``World`` of
 instances with their clock offsets over one store (``tests.model.world``),
 the steps, and the ledger's check (``World.check`` raises the broken
 promise's family, ``tests.model.ledger``), plus the outcome the fix must give,
-asserted directly. Both stores, unless the fault is one store's.
+asserted directly. Both stores, unless the fault is one store's. The last
+test is a hole beyond the issue's list that the model's "nothing lost" rule
+names (a replayed record nothing redrives).
 """
 
 from __future__ import annotations
@@ -220,3 +222,20 @@ def test_a_parked_event_in_a_batch_spends_no_attempt(make_backend: MakeBackend) 
         w.check()
         assert status(w, parked) == "SUCCESS"
 
+
+
+# Beyond the issue's nine: found by the model's "nothing lost" rule -----------------------
+def test_a_replayed_event_whose_message_is_lost_is_still_redriven(
+        make_backend: MakeBackend) -> None:
+    # A replay reopens the record FAILED-retryable with no redrive_at: if the message it
+    # published never gets stored (its delivery died before the claim, and the broker's
+    # retention ran out), the store-driven redrive never sees it.
+    with world(make_backend, 0.0, 0.0) as w:
+        w.new_call("fast", shared=False, emit=False, plan=["permanent"])
+        refused = last(w)
+        w.deliver(w.instances[0], [refused])
+        assert w.replay(w.instances[0], w.store.get(refused.key) or {}) == "replayed"
+        w.instances[1].store.arm(0, "before")  # the replayed message's delivery dies
+        w.deliver(w.instances[1], [last(w)])
+        w.settle()
+        assert status(w, refused) == "SUCCESS"
