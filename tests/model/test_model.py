@@ -24,7 +24,7 @@ Profiles (``EVENTBUS_MODEL_PROFILE``):
 * ``long``: many more random examples (memory 3000 of up to 60 steps,
   MongoDB 400), failures kept in hypothesis's example database::
 
-      EVENTBUS_MODEL_PROFILE=long python -m pytest tests/model -n 0 -p no:randomly
+      EVENTBUS_MODEL_PROFILE=long python -m pytest tests/model/test_model.py -n 0
 """
 
 from __future__ import annotations
