@@ -422,7 +422,9 @@ class Ledger:
             if error.get("type") == "AttemptCapReached" or \
                     error.get("classification") == "attempt_cap":
                 self._capped.add(key)
-                if counts.spent < self.settings.max_attempts:
+                # No claim seen means the claims went by a store call the world does not
+                # watch: nothing to judge the cap by.
+                if counts.claims and counts.spent < self.settings.max_attempts:
                     self.violate(Miscounted, f"{key} was given up at its attempt cap "
                                              f"({self.settings.max_attempts}) after {counts.spent} "
                                              f"real attempts ({counts.claims} claims, "
