@@ -149,7 +149,7 @@ class Counts:
 
 
 class Ledger:
-    """What must be true, fed by the world as things happen; ``check`` raises on a violation."""
+    """What must be true, fed by the world as things happen; ``raise_first`` raises a violation."""
 
     def __init__(self, settings: Settings, *, rate_window: float, rate_limit: int,
                  breaker_window: float, rated: Iterable[str]) -> None:
@@ -183,7 +183,7 @@ class Ledger:
 
     # -- recording -------------------------------------------------------------------
     def violate(self, family: type[Violation], text: str) -> None:
-        """Record a broken promise; ``check`` raises the first one."""
+        """Record a broken promise; ``raise_first`` raises the first of its family."""
         self.violations.append(family(text))
 
     def claimed(self, key: str, owner: str, slot: int, thread: int, healthy: bool) -> None:
