@@ -106,6 +106,9 @@ class Backend(Protocol):
     """One store and the clock the world moves it with."""
 
     store: EventStore
+    slack: float
+    """Seconds by which the store's own decisions may differ from ``now()`` (a real server's
+    clock is only ever read to a few milliseconds)."""
 
     def now(self) -> datetime:
         """The store's clock, as the world set it (exact)."""
@@ -122,6 +125,8 @@ class Backend(Protocol):
 
 class MemoryBackend:
     """``MemoryEventStore`` on a ``FakeClock``: its own clock, moved by hand."""
+
+    slack = 0.0
 
     def __init__(self) -> None:
         self.clock = FakeClock(START)
@@ -147,6 +152,8 @@ class MongoBackend:
     examples share one database cheaply. The world's time starts on the
     server's clock, one second past a multiple of ten.
     """
+
+    slack = 0.5
 
     def __init__(self, client: MongoClient, database: str) -> None:
         settings = dataclasses.replace(SETTINGS, mongodb_db=database)
@@ -336,7 +343,8 @@ class World:
     def __init__(self, backend: Backend, offsets: Sequence[float]) -> None:
         self.backend, self.store = backend, backend.store
         self.ledger = Ledger(SETTINGS, rate_window=RATE_WINDOW, rate_limit=RATE_LIMIT,
-                             breaker_window=BREAKER_SECONDS, rated={"slow"})
+                             breaker_window=BREAKER_SECONDS, rated={"slow"},
+                             slack=backend.slack)
         self.router = self._router()
         self.broker = Broker(self)
         self.messages: list[Message] = []

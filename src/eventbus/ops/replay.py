@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from eventbus.model.delivery import Delivery
@@ -81,6 +81,9 @@ class Replayer:
     why: str
     locate: Locator
     limit: RateLimit = dataclasses.field(default_factory=lambda: spaced(None))
+    redrive_after: timedelta = timedelta(seconds=60)
+    """When a reopened record is due for the store-driven redrive if its message never
+    arrives (``EVENTBUS_REDRIVE_AFTER_SECONDS``)."""
 
     def replay(self, record: Mapping[str, Any]) -> ReplayResult:
         """Replay one record; never raises for anything about the record.
@@ -135,7 +138,10 @@ class Replayer:
         entry["attempt"] = current.get("attempts", 0)
         if data:
             entry["data"] = dict(data)
-        return self.store.record_replay(key, entry, now, reopen=reopen) is not None
+        # On the store's clock, as every redrive decision: the caller's may be off by minutes.
+        due = self.store.now() + self.redrive_after if reopen else None
+        return self.store.record_replay(key, entry, now, reopen=reopen,
+                                        redrive_at=due) is not None
 
     def _publish(self, key: str, message: Message) -> ReplayResult:
         try:

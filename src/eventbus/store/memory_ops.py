@@ -54,7 +54,7 @@ class MemoryOperatorMixin:
         return [Count(values, count, bucket) for (values, bucket), count in keys.items()]
 
     def record_replay(self, key: str, entry: Mapping[str, Any], now: datetime, *,
-                      reopen: bool) -> Record | None:
+                      reopen: bool, redrive_at: datetime | None = None) -> Record | None:
         """Append ``entry`` to ``replays`` (and reopen a FAILED record); the record after."""
         with self._lock:
             record = self._events.get(key)
@@ -66,6 +66,9 @@ class MemoryOperatorMixin:
             if reopen:
                 record.update(retryable=True, replayed_at_attempt=record.get("attempts", 0),
                               lastUpdatedTime=documents.epoch_ms(now))
+                if redrive_at is not None:  # as replay_pipeline: a fresh redrive budget
+                    record.update(redrive_at=documents.bson_time(redrive_at),
+                                  redrives=record.get("parks") or 0)
             return copy.deepcopy(record)
 
     def store_dead_letter(self, key: str, fields: Mapping[str, Any], now: datetime,

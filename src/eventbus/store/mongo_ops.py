@@ -66,11 +66,12 @@ class MongoOperatorMixin:
         return [_count(row, len(group_by), bucket_ms) for row in rows]
 
     def record_replay(self, key: str, entry: Mapping[str, Any], now: datetime, *,
-                      reopen: bool) -> Record | None:
+                      reopen: bool, redrive_at: datetime | None = None) -> Record | None:
         """Append ``entry`` to ``replays`` (and reopen a FAILED record); the record after."""
         with _unavailable("replay", key):
             after: Record | None = self._collection.find_one_and_update(
-                replay_filter(key, reopen=reopen), replay_pipeline(entry, now, reopen=reopen),
+                replay_filter(key, reopen=reopen), replay_pipeline(entry, now, reopen=reopen,
+                                                             redrive_at=redrive_at),
                 return_document=ReturnDocument.AFTER)
             if after is not None or not reopen:
                 return after

@@ -91,11 +91,14 @@ class OperatorStore(Protocol):
         ...
 
     def record_replay(self, key: str, entry: Mapping[str, Any], now: datetime, *,
-                      reopen: bool) -> Record | None:
+                      reopen: bool, redrive_at: datetime | None = None) -> Record | None:
         """Append ``entry`` to ``replays`` (and reopen a FAILED record); the record after.
 
         None when ``key`` has no record; ``AlreadyExists(record)`` when
         ``reopen`` is asked of a record that is not FAILED (nothing changed).
+        A reopened record is due for the store-driven redrive at
+        ``redrive_at`` (on the store's clock) with a fresh redrive budget, so
+        a replayed message that is never delivered is not lost.
         """
         ...
 
@@ -205,8 +208,8 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def replay_pipeline(entry: Mapping[str, Any], now: datetime, *,
-                    reopen: bool) -> list[dict[str, Any]]:
+def replay_pipeline(entry: Mapping[str, Any], now: datetime, *, reopen: bool,
+                    redrive_at: datetime | None = None) -> list[dict[str, Any]]:
     """Return the update pipeline of ``record_replay``: append the entry, maybe reopen."""
     done: dict[str, Any] = {
         "replays": {"$concatArrays": [{"$ifNull": ["$replays", []]},
@@ -217,6 +220,11 @@ def replay_pipeline(entry: Mapping[str, Any], now: datetime, *,
         # reopened record gets a fresh set of attempts; retryable makes it claimable.
         done.update(retryable=True, replayed_at_attempt={"$ifNull": ["$attempts", 0]},
                     lastUpdatedTime=documents.epoch_ms(now))
+        if redrive_at is not None:
+            # The sweeper spends ``redrives - parks``: starting redrives at the parks
+            # gives the reopened record a fresh budget without forgetting its parks.
+            done.update(redrive_at={"$literal": documents.bson_time(redrive_at)},
+                        redrives={"$ifNull": ["$parks", 0]})
     return [{"$set": done}]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,8 @@ def replayer(args: argparse.Namespace, tools: Tools) -> Replayer:
     return Replayer(tools.store(), tools.publisher(), tools.now, by=tools.ops.operator,
                     why=args.why or "replayed from the command line",
                     locate=locator(args.app or tools.ops.app, tools.store()),
-                    limit=spaced(args.rate))
+                    limit=spaced(args.rate),
+                    redrive_after=timedelta(seconds=tools.settings.redrive_after_seconds))
 
 
 def _run(args: argparse.Namespace, tools: Tools, chosen: list[Record]) -> list[ReplayResult]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -284,7 +285,8 @@ def _chosen(args: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
 def _replayer(why: str) -> Replayer:
     app = console()
     return Replayer(app.store, app.publisher(), app.now, by=str(flask.g.operator), why=why,
-                    locate=app.locate, limit=spaced(app.config.replay_rate))
+                    locate=app.locate, limit=spaced(app.config.replay_rate),
+                    redrive_after=timedelta(seconds=app.settings.redrive_after_seconds))
 
 
 def _replay(records: list[dict[str, Any]], why: str) -> list[ReplayResult]:
