@@ -181,6 +181,18 @@ class TestRecordReplay:
         claim = store.claim(key, fields(), later)
         assert claim.attempt == 4
 
+    def test_a_reopened_record_is_due_for_the_redrive_with_a_fresh_budget(
+            self, store: Any, now: datetime) -> None:
+        key = failed(store, now, attempts=3)
+        store.mark_redriven(key, 0, now)  # one redrive spent before the replay
+        due = store.now() + HOUR
+        after = store.record_replay(key, {"by": "a"}, now, reopen=True, redrive_at=due)
+        assert after is not None and after["redrive_at"] == documents.bson_time(due)
+        assert after["redrives"] == 0  # no parks: the budget starts again
+        assert key not in {r["idempotency_key"] for r in store.redrivable(10)}
+        assert store.record_replay(key, {"by": "b"}, now, reopen=False) is not None
+        assert (store.get(key) or {})["redrive_at"] == documents.bson_time(due)
+
     def test_entries_accumulate_in_order(self, store: Any, now: datetime) -> None:
         key = failed(store, now)
         store.record_replay(key, {"by": "a", "at": now, "why": "one"}, now, reopen=True)
