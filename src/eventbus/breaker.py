@@ -46,12 +46,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from eventbus.model.errors import BreakerOpen, Classification, Classifier, RateLimited
 from eventbus.settings import Settings
-from eventbus.store.base import Record
-from eventbus.store.documents.parking import RateLimit, RateTake
+from eventbus.store.base import PartnerStore
+from eventbus.store.documents.parking import RateLimit
 
 logger = logging.getLogger("eventbus.breaker")
 
@@ -61,30 +61,6 @@ MAX_NAME = 100
 HASHED = "sha256:"
 _SWAP_TRIES = 5
 _AUDIT_KEEP = 20
-
-
-class PartnerStore(Protocol):
-    """The store primitives a partner uses (a subset of ``EventStore``)."""
-
-    def now(self) -> datetime:
-        """The store's clock: every breaker time is read from it."""
-        ...
-
-    def breaker_get(self, name: str) -> Record | None:
-        """Return ``name``'s breaker document, or None."""
-        ...
-
-    def breaker_swap(self, name: str, version: int, document: Mapping[str, Any]) -> bool:
-        """Store ``document`` if the breaker is still at ``version``."""
-        ...
-
-    def rate_take(self, name: str, limit: RateLimit, max_wait: timedelta) -> RateTake:
-        """Take a token of ``name``'s shared bucket (one round trip, on the store's clock)."""
-        ...
-
-    def unpark(self, name: str, now: datetime) -> int:
-        """Make the events parked for ``name`` due for the redrive now."""
-        ...
 
 
 def partner_name(name: object) -> str:

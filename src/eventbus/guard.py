@@ -31,9 +31,9 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
-from eventbus.store.base import Record
+from eventbus.store.base import GuardStore
 from eventbus.store.documents import error_document
 
 Effect = Callable[[], Mapping[str, Any] | None]
@@ -45,19 +45,6 @@ Keeper = Callable[[str, str], contextlib.AbstractContextManager[Any]]
 def _unkept(key: str, owner: str) -> contextlib.AbstractContextManager[Any]:
     """No renewal (a guard used outside a processor): the lease runs its length."""
     return contextlib.nullcontext()
-
-
-class GuardStore(Protocol):
-    """The store primitives the guard uses (a subset of ``EventStore``)."""
-
-    def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
-        """Lease ``key``: None when taken now, its record when already SUCCESS."""
-        ...
-
-    def guard_finish(self, key: str, owner: str, now: datetime, *, succeeded: bool,
-                     result: Mapping[str, Any]) -> bool:
-        """Store how the effect ended; False when the lease was lost."""
-        ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,8 @@ def is_epoch_ms(value: Any) -> bool:
 class TestProtocol:
     def test_every_primitive_of_the_protocol_is_implemented_with_its_signature(
             self, store: EventStore) -> None:
-        members = [name for name in vars(EventStore) if not name.startswith("_")]
+        members = {name for protocol in EventStore.__mro__ if protocol is not object
+                   for name in vars(protocol) if not name.startswith("_")}  # every user's
         assert {"claim", "succeed", "fail", "reject", "get", "pending_outbox", "mark_published",
                 "mark_publish_failed", "guard_take", "guard_finish", "guard_get", "summaries",
                 "get_many", "reset", "ensure_indexes", "lease", "database"} <= set(members)

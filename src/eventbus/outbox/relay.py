@@ -63,7 +63,7 @@ from eventbus.model.forward import is_forward
 from eventbus.model.keys import CASCADE_LINKS, canonical_json
 from eventbus.model.status import Status
 from eventbus.pubsub.message import MessagePublisher, message_attributes
-from eventbus.store.base import EventStore, OutboxEntry
+from eventbus.store.base import OutboxEntry, OutboxStore
 from eventbus.store.documents import error_document
 from eventbus.telemetry import Telemetry
 
@@ -134,7 +134,7 @@ class Relay:
     ``parallel`` is how many parents ``relay_many`` relays at once (1: in turn).
     """
 
-    def __init__(self, store: EventStore, publisher: MessagePublisher, *,
+    def __init__(self, store: OutboxStore, publisher: MessagePublisher, *,
                  now: Callable[[], datetime], budget: float | None = None,
                  backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep,
                  jitter: Callable[[], float] = random.random,

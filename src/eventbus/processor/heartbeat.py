@@ -22,33 +22,12 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime, timedelta
-from typing import Protocol
+from datetime import datetime
 
 from eventbus.model.errors import StoreUnavailable
+from eventbus.store.base import RenewingStore
 
 logger = logging.getLogger("eventbus.heartbeat")
-
-
-class RenewingStore(Protocol):
-    """The store primitive the heartbeat uses (a subset of ``EventStore``)."""
-
-    @property
-    def lease(self) -> timedelta:
-        """How long a claim or a renewal holds the record."""
-        ...
-
-    def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
-        """Extend the leases of ``owners`` (key → owner); return the keys still held."""
-        ...
-
-    def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
-        """Extend the entity holds of ``holders`` (entity key → owner); return those held."""
-        ...
-
-    def guard_renew(self, key: str, owner: str, lease: timedelta) -> bool:
-        """Extend a side-effect guard's lease; False when it no longer holds."""
-        ...
 
 
 @dataclasses.dataclass

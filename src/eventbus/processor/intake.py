@@ -37,7 +37,7 @@ from eventbus.model.order import Ordering, ordering
 from eventbus.model.router import Route, Router
 from eventbus.model.status import Status
 from eventbus.store import documents
-from eventbus.store.base import EventStore
+from eventbus.store.base import ProcessorStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Located:
 class Intake:
     """Locates deliveries for one router and store; reads the store only to check a child."""
 
-    def __init__(self, store: EventStore, router: Router) -> None:
+    def __init__(self, store: ProcessorStore, router: Router) -> None:
         self.store, self.router = store, router
 
     def locate(self, delivery: Delivery) -> Located:

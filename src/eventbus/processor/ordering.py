@@ -43,7 +43,7 @@ from eventbus.model.outcome import Outcome
 from eventbus.model.status import Status
 from eventbus.processor.heartbeat import Lease
 from eventbus.processor.work import Item, Pending, Result
-from eventbus.store.base import EntityHolds, EntityRelease, EntityTake, EventStore, Finish
+from eventbus.store.base import EntityHolds, EntityRelease, EntityTake, Finish, ProcessorStore
 
 _POLL = 0.05
 """Seconds between two takes of a busy entity (``order_wait_seconds`` in all)."""
@@ -88,7 +88,7 @@ class Lane:
 class Lanes:
     """Groups a batch's claimed items into lanes, holding each ordered entity in the store."""
 
-    def __init__(self, store: EventStore, now: Callable[[], datetime], wait: float,
+    def __init__(self, store: ProcessorStore, now: Callable[[], datetime], wait: float,
                  sleep: Callable[[float], None] = time.sleep,
                  redrive_after: timedelta = timedelta(seconds=1200)) -> None:
         self.store, self.now, self.wait = store, now, wait

@@ -55,7 +55,7 @@ from eventbus.processor.rejections import Rejections, brief, existing
 from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
 from eventbus.store import documents
-from eventbus.store.base import EntityHolds, EntityRelease, EventStore, Finish
+from eventbus.store.base import EntityHolds, EntityRelease, Finish, ProcessorStore
 from eventbus.store.documents import parking
 
 logger = logging.getLogger("eventbus")
@@ -95,7 +95,7 @@ class Clock(Protocol):
 class Processor:
     """Runs batches of deliveries through the state machine against a store and a router."""
 
-    def __init__(self, store: EventStore, router: Router, settings: Settings, now: Clock,
+    def __init__(self, store: ProcessorStore, router: Router, settings: Settings, now: Clock,
                  after_success: AfterSuccess | None = None,
                  classifier: Classifier | None = None, heartbeat: Heartbeat | None = None,
                  middleware: Sequence[Middleware] = (), concurrency: int = 1,

@@ -24,7 +24,7 @@ from eventbus.model.status import Status
 from eventbus.processor.intake import Intake, Located
 from eventbus.processor.work import Result
 from eventbus.store import documents
-from eventbus.store.base import EventStore
+from eventbus.store.base import ProcessorStore
 
 logger = logging.getLogger("eventbus")
 
@@ -32,7 +32,7 @@ logger = logging.getLogger("eventbus")
 class Rejections:
     """Stores and answers what will not run, through one store and clock."""
 
-    def __init__(self, store: EventStore, now: Callable[[], datetime]) -> None:
+    def __init__(self, store: ProcessorStore, now: Callable[[], datetime]) -> None:
         self.store, self.now = store, now
 
     def reject(self, located: Located, exc: Exception) -> Result:

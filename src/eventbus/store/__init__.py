@@ -1,6 +1,8 @@
 """Storage: the only layer that talks to the collections.
 
-* ``base``: the store protocol (``EventStore``) with its few primitives and ``Claim``;
+* ``base``: the store protocol (``EventStore``), one protocol per user of it
+  (``ProcessorStore``, ``RenewingStore``, ``GuardStore``, ``PartnerStore``,
+  ``OutboxStore``, ``RedriveStore``), and ``Claim``;
 * ``documents``: pure builders of the stored documents, filters and updates;
 * ``mongo``: ``MongoEventStore``, the MongoDB implementation (pymongo);
 * ``memory``: ``MemoryEventStore``, the same primitives on a dict, for tests;

@@ -4,7 +4,10 @@ Modelled on Powertools idempotency's ``BasePersistenceLayer``: the state
 machine (``eventbus.processor``), the outbox relay, the side-effect guard and
 the operator commands are written once above these primitives, and
 ``MongoEventStore`` and ``MemoryEventStore`` implement them. The contract
-suite (``tests/contract``) runs against both, so they cannot drift.
+suite (``tests/contract``) runs against both, so they cannot drift. Each
+layer takes only the protocol of what it uses (``ProcessorStore``,
+``RenewingStore``, ``GuardStore``, ``PartnerStore``, ``OutboxStore``,
+``RedriveStore``); ``EventStore`` is all of them, for the composition root.
 
 Time: every primitive decides leases, holds and due times on **the store's
 clock** (``now()``; ``eventbus.clock``), never on the ``now`` a caller
@@ -173,141 +176,39 @@ class OutboxEntry:
         return str(self.entry.get("idempotency_key"))
 
 
-class EventStore(Protocol):
-    """The primitives on stored events, their outboxes, and guarded side effects."""
+class Clocked(Protocol):
+    """What every user of the store shares: its clock."""
+
+    def now(self) -> datetime:
+        """The store's clock (``eventbus.clock``): what every lease and window is measured on."""
+        ...
+
+
+class RenewingStore(Protocol):
+    """What the heartbeat uses: it keeps a live worker's leases and holds."""
 
     @property
     def lease(self) -> timedelta:
         """How long a claim holds its record before another worker may take it."""
         ...
 
-    @property
-    def database(self) -> Any:
-        """The database handlers use for their own effects (None when there is none)."""
-        ...
-
-    def now(self) -> datetime:
-        """The store's clock (``eventbus.clock``): what every lease and window is measured on."""
-        ...
-
-    def ensure_indexes(self) -> None:
-        """Prepare the store (indexes); a no-op when it is ready."""
-        ...
-
-    # -- the idempotency state machine -------------------------------------------------
-    def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
-        """Take the lease on ``key``, or raise ``AlreadyExists`` with the unchanged record."""
-        ...
-
-    def succeed(self, key: str, owner: str, now: datetime,
-                outbox: Sequence[Mapping[str, Any]] = ()) -> bool:
-        """Mark ``key`` SUCCESS with its children; False if ``owner`` lost the lease."""
-        ...
-
-    def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
-             retryable: bool, redrive_at: datetime | None = None) -> bool:
-        """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease.
-
-        ``redrive_at``: when the store's redrive sweeper publishes it again if
-        nothing else delivered it by then (a retryable failure only).
-        """
-        ...
-
-    def renew(self, key: str, owner: str, now: datetime) -> bool:
-        """Extend ``owner``'s lease on ``key`` by a lease from the store's now; False when it
-        no longer holds (taken, or run out: a lapsed lease is never brought back)."""
-        ...
-
-    def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
-               error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
-        """Store ``key`` FAILED for good unless it exists; True if this call inserted it."""
-        ...
-
-    def get(self, key: str) -> Record | None:
-        """Return the record of ``key``, or None."""
-        ...
-
-    # -- batches (the processor's claim and finish stages) -------------------------------
-    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime,
-                   takes: Mapping[str, EntityTake] | None = None) -> BatchClaim:
-        """Claim every key of ``items`` (key → ``fields`` as for ``claim``) at once.
-
-        The rules are ``claim``'s, key by key; the keys taken share one owner.
-        One key costs what ``claim`` costs (one round trip). Raises
-        ``StoreUnavailable`` when the store cannot be asked at all.
-
-        ``takes`` (entity key → ``EntityTake``, as for ``take_entities``): also
-        hold those entities in the same round trips where the store can
-        (``BatchClaim.holds``): a new entity, or one nobody holds whose applied
-        position is at most the lowest of its take. An entity none of whose
-        keys was taken is never left held. A new ordered event then costs
-        what an unordered one costs in round trips.
-        """
-        ...
-
-    def finish_many(self, finishes: Sequence[Finish], now: datetime,
-                    releases: Sequence[EntityRelease] = ()) -> Finished:
-        """Store every outcome at once (one key: one round trip, as ``succeed``/``fail``).
-
-        Children the store refuses for their content leave their parent FAILED
-        for good (``Finished.refused``); a lease another worker took leaves the
-        record as that worker has it (``Finished.lost``). ``releases`` free the
-        entities the batch held, in the same round trip.
-        """
+    def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the leases of ``owners`` (key → owner) at once; return the keys still held."""
         ...
 
     def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
         """Extend the holds of ``holders`` (entity key → owner) at once; return those still held."""
         ...
 
-    def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
-        """Hold each free entity (entity key → ``EntityTake``) for one new owner, at once.
-
-        An entity is free when nobody holds it or its holder's lease ran out
-        (that holder's keys and positions become its ``orphan``). One entity:
-        one round trip; many: two.
-        """
+    def guard_renew(self, key: str, owner: str, lease: timedelta) -> bool:
+        """Extend ``owner``'s guard lease on ``key`` by ``lease`` from the store's now, while
+        it still holds; False otherwise (taken, finished, or run out)."""
         ...
 
-    def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
-        """Extend the leases of ``owners`` (key → owner) at once; return the keys still held."""
-        ...
 
-    # -- store-driven redrive -----------------------------------------------------------
-    def redrivable(self, limit: int, exclude: Collection[str] = ()) -> list[Record]:
-        """Return up to ``limit`` records due for a redrive on the store's clock
-        (``documents.redrive_filter``: FAILED-retryable or PENDING whose ``redrive_at`` came,
-        PROCESSING whose lease ran out a lease ago), leaving out the keys in ``exclude``."""
-        ...
+class GuardStore(Clocked, Protocol):
+    """What the side-effect guard uses (``eventbus.guard``)."""
 
-    def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
-        """Count a redrive of ``key``; False when another sweeper counted it first."""
-        ...
-
-    def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
-        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable.
-
-        A PROCESSING record whose lease expired a lease ago or more (its worker
-        died; ``documents.abandon_filter``) is given up too; a live one never.
-        """
-        ...
-
-    # -- the outbox ---------------------------------------------------------------------
-    def pending_outbox(self, cutoff: datetime) -> Iterator[OutboxEntry]:
-        """Yield every outbox entry PENDING since ``cutoff`` or before."""
-        ...
-
-    def mark_published(self, entry: OutboxEntry, now: datetime, message_id: str,
-                       tries: int) -> bool:
-        """Mark ``entry`` PUBLISHED; False if it was no longer PENDING."""
-        ...
-
-    def mark_publish_failed(self, entry: OutboxEntry, now: datetime,
-                            error: Mapping[str, Any], tries: int) -> None:
-        """Record failed publish tries on ``entry``, which stays PENDING."""
-        ...
-
-    # -- the side-effect guard ----------------------------------------------------------
     def guard_take(self, key: str, owner: str, now: datetime, lease: timedelta) -> Record | None:
         """Lease side effect ``key``: None when taken now, its record when already SUCCESS.
 
@@ -324,41 +225,14 @@ class EventStore(Protocol):
         """
         ...
 
-    def guard_renew(self, key: str, owner: str, lease: timedelta) -> bool:
-        """Extend ``owner``'s guard lease on ``key`` by ``lease`` from the store's now, while
-        it still holds; False otherwise (taken, finished, or run out)."""
-        ...
-
     def guard_get(self, key: str) -> Record | None:
         """Return the guard record of side effect ``key``, or None."""
         ...
 
-    # -- operator queries ---------------------------------------------------------------
-    def summaries(self, roots: Collection[str] | None = None) -> list[Record]:
-        """Return the summary fields of every event, or of the cascades from ``roots``.
 
-        Summary fields: key, type, status, retryable, error, outbox keys,
-        ``root_key``.
-        """
-        ...
+class PartnerStore(Clocked, Protocol):
+    """What partners use: breakers, shared rates and parked events (``eventbus.breaker``)."""
 
-    def get_many(self, keys: Collection[str]) -> list[Record]:
-        """Return the records of ``keys`` that exist."""
-        ...
-
-    def reset(self) -> None:
-        """Empty the store's whole database (local demo databases only)."""
-        ...
-
-    # -- telemetry ----------------------------------------------------------------------
-    def oldest_pending_outbox(self) -> datetime | None:
-        """Return when the oldest PENDING outbox entry was created; None when none is.
-
-        Read by the ``eventbus.outbox.oldest_pending_age`` gauge.
-        """
-        ...
-
-    # -- partners: breakers and shared rates (eventbus.breaker) -------------------------
     def breaker_get(self, name: str) -> Record | None:
         """Return the breaker document of partner ``name`` (``version`` included), or None."""
         ...
@@ -397,4 +271,160 @@ class EventStore(Protocol):
 
         Each record is its own atomic update (no transaction); returns how many.
         """
+        ...
+
+
+class ProcessorStore(RenewingStore, GuardStore, PartnerStore, Protocol):
+    """What the processor uses (``eventbus.processor``): the idempotency state machine, its
+    batches and entity holds (whose claims rely on the key's unique index: ``ensure_indexes``);
+    it hands the same store to its heartbeat, guard and partners."""
+
+    def ensure_indexes(self) -> None:
+        """Prepare the store (indexes); a no-op when it is ready."""
+        ...
+
+    @property
+    def database(self) -> Any:
+        """The database handlers use for their own effects (None when there is none)."""
+        ...
+
+    def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
+        """Take the lease on ``key``, or raise ``AlreadyExists`` with the unchanged record."""
+        ...
+
+    def succeed(self, key: str, owner: str, now: datetime,
+                outbox: Sequence[Mapping[str, Any]] = ()) -> bool:
+        """Mark ``key`` SUCCESS with its children; False if ``owner`` lost the lease."""
+        ...
+
+    def fail(self, key: str, owner: str, now: datetime, error: Mapping[str, Any], *,
+             retryable: bool, redrive_at: datetime | None = None) -> bool:
+        """Mark ``key`` FAILED with ``error``; False if ``owner`` lost the lease.
+
+        ``redrive_at``: when the store's redrive sweeper publishes it again if
+        nothing else delivered it by then (a retryable failure only).
+        """
+        ...
+
+    def renew(self, key: str, owner: str, now: datetime) -> bool:
+        """Extend ``owner``'s lease on ``key`` by a lease from the store's now; False when it
+        no longer holds (taken, or run out: a lapsed lease is never brought back)."""
+        ...
+
+    def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
+               error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
+        """Store ``key`` FAILED for good unless it exists; True if this call inserted it."""
+        ...
+
+    def get(self, key: str) -> Record | None:
+        """Return the record of ``key``, or None."""
+        ...
+
+    def get_many(self, keys: Collection[str]) -> list[Record]:
+        """Return the records of ``keys`` that exist."""
+        ...
+
+    def claim_many(self, items: Mapping[str, Mapping[str, Any]], now: datetime,
+                   takes: Mapping[str, EntityTake] | None = None) -> BatchClaim:
+        """Claim every key of ``items`` (key → ``fields`` as for ``claim``) at once.
+
+        The rules are ``claim``'s, key by key; the keys taken share one owner.
+        One key costs what ``claim`` costs (one round trip). Raises
+        ``StoreUnavailable`` when the store cannot be asked at all.
+
+        ``takes`` (entity key → ``EntityTake``, as for ``take_entities``): also
+        hold those entities in the same round trips where the store can
+        (``BatchClaim.holds``): a new entity, or one nobody holds whose applied
+        position is at most the lowest of its take. An entity none of whose
+        keys was taken is never left held. A new ordered event then costs
+        what an unordered one costs in round trips.
+        """
+        ...
+
+    def finish_many(self, finishes: Sequence[Finish], now: datetime,
+                    releases: Sequence[EntityRelease] = ()) -> Finished:
+        """Store every outcome at once (one key: one round trip, as ``succeed``/``fail``).
+
+        Children the store refuses for their content leave their parent FAILED
+        for good (``Finished.refused``); a lease another worker took leaves the
+        record as that worker has it (``Finished.lost``). ``releases`` free the
+        entities the batch held, in the same round trip.
+        """
+        ...
+
+    def take_entities(self, takes: Mapping[str, EntityTake], now: datetime) -> EntityHolds:
+        """Hold each free entity (entity key → ``EntityTake``) for one new owner, at once.
+
+        An entity is free when nobody holds it or its holder's lease ran out
+        (that holder's keys and positions become its ``orphan``). One entity:
+        one round trip; many: two.
+        """
+        ...
+
+
+class OutboxStore(Clocked, Protocol):
+    """What the outbox relay and its gauge use (``eventbus.outbox``)."""
+
+    def pending_outbox(self, cutoff: datetime) -> Iterator[OutboxEntry]:
+        """Yield every outbox entry PENDING since ``cutoff`` or before."""
+        ...
+
+    def mark_published(self, entry: OutboxEntry, now: datetime, message_id: str,
+                       tries: int) -> bool:
+        """Mark ``entry`` PUBLISHED; False if it was no longer PENDING."""
+        ...
+
+    def mark_publish_failed(self, entry: OutboxEntry, now: datetime,
+                            error: Mapping[str, Any], tries: int) -> None:
+        """Record failed publish tries on ``entry``, which stays PENDING."""
+        ...
+
+    def oldest_pending_outbox(self) -> datetime | None:
+        """Return when the oldest PENDING outbox entry was created; None when none is.
+
+        Read by the ``eventbus.outbox.oldest_pending_age`` gauge.
+        """
+        ...
+
+
+class RedriveStore(PartnerStore, Protocol):
+    """What the store-driven redrive uses (``eventbus.workers.redrive``): its records, and
+    the partners' breakers, since a parked event waits for its partner."""
+
+    def redrivable(self, limit: int, exclude: Collection[str] = ()) -> list[Record]:
+        """Return up to ``limit`` records due for a redrive on the store's clock
+        (``documents.redrive_filter``: FAILED-retryable or PENDING whose ``redrive_at`` came,
+        PROCESSING whose lease ran out a lease ago), leaving out the keys in ``exclude``."""
+        ...
+
+    def mark_redriven(self, key: str, redrives: int, next_at: datetime) -> bool:
+        """Count a redrive of ``key``; False when another sweeper counted it first."""
+        ...
+
+    def abandon(self, key: str, now: datetime, error: Mapping[str, Any]) -> bool:
+        """Give ``key`` up for good (FAILED, not retryable); False unless it was retryable.
+
+        A PROCESSING record whose lease expired a lease ago or more (its worker
+        died; ``documents.abandon_filter``) is given up too; a live one never.
+        """
+        ...
+
+
+class EventStore(ProcessorStore, OutboxStore, RedriveStore, Protocol):
+    """Every primitive on stored events, their outboxes, guarded effects and partners.
+
+    Only the composition root (``eventbus.assembly``, ``eventbus.web.app``, the
+    commands) holds the whole store; each layer takes the protocol of what it uses.
+    The operator's queries are ``eventbus.store.operator_queries.OperatorStore``."""
+
+    def summaries(self, roots: Collection[str] | None = None) -> list[Record]:
+        """Return the summary fields of every event, or of the cascades from ``roots``.
+
+        Summary fields: key, type, status, retryable, error, outbox keys,
+        ``root_key``.
+        """
+        ...
+
+    def reset(self) -> None:
+        """Empty the store's whole database (local demo databases only)."""
         ...

@@ -33,7 +33,7 @@ from eventbus.model.status import Status
 from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
-from eventbus.store.base import EventStore
+from eventbus.store.base import RedriveStore
 from eventbus.store.documents.parking import parks
 from eventbus.workers.parked import Gate
 from eventbus.workers.rebuild import NotReplayable, build
@@ -72,7 +72,7 @@ def _why(record: Mapping[str, Any], redrives: int) -> str:
 class Redriver:
     """Publishes again the records the broker left behind; one ``sweep()`` is one pass."""
 
-    def __init__(self, store: EventStore, publisher: MessagePublisher, settings: Settings, *,
+    def __init__(self, store: RedriveStore, publisher: MessagePublisher, settings: Settings, *,
                  now: Callable[[], datetime], locate: Callable[[Delivery], Located]) -> None:
         self.store, self.publisher, self.settings = store, publisher, settings
         self.now, self.locate = now, locate
