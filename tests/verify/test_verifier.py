@@ -228,8 +228,8 @@ def test_selection_by_type_and_a_keys_file(tmp_path: Any) -> None:
                                   ["--keys", "/nonexistent/keys"]])
 def test_a_file_that_cannot_be_read_is_one_line_and_exit_2(argv: list[str]) -> None:
     bus, _ = recorded(app(two_steps), count=1)
-    code, out, err = cli_run(bus.store, "verify", "--app", "tests.verify.test_verifier:BASE",
-                             *argv)
+    code, _, err = cli_run(bus.store, "verify", "--app", "tests.verify.test_verifier:BASE",
+                           *argv)
     assert code == 2 and err.startswith("eventbus: cannot read") and "Traceback" not in err
 
 
