@@ -91,7 +91,8 @@ def test_a_stored_guard_result_is_read_never_written(store: MongoEventStore,
         lookups = StoreLookups(store)
         records = sorted(store.find_events(_success(), limit=10), key=lambda r: r["created"])
         report = Verifier(router, lookups,
-                          database=mongomock.MongoClient(tz_aware=True)["v"]).run(records)
+                          databases=lambda: mongomock.MongoClient(tz_aware=True)["v"]
+                          ).run(records)
         assert report.counts()["same"] == len(records) == 3  # order, notify, notify-sent
         assert list(lookups.side_effects) == [r["idempotency_key"] for r in records
                                               if r["event_type"] == "PARTNER_NOTIFY"]

@@ -20,16 +20,16 @@ an archive's):
    stand-in, not the code, may be why).
 
 The sandbox is emptied before each record (``SandboxStore.begin``): every
-event runs as its first attempt did, on a fresh claim. The handlers' own
-database (mongomock) is kept across the run, so events run in the order
-given (oldest first, as the command sorts them) see each other's effects.
+event runs as its first attempt did, on a fresh claim, with an empty
+database for the handler's own effects. So a verdict depends on the event
+and the code only, never on which other events were selected with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from eventbus.model.content import error_text
@@ -40,7 +40,7 @@ from eventbus.model.status import Status
 from eventbus.ops.render import from_epoch_ms
 from eventbus.ops.verify.compare import Difference, Emits, Malformed, compare, emitted
 from eventbus.ops.verify.sample import BadInput
-from eventbus.ops.verify.sandbox import Lookups, SandboxStore, sandbox_database
+from eventbus.ops.verify.sandbox import Lookups, SandboxStore, sandbox_databases
 from eventbus.processor import Processor
 from eventbus.settings import Settings
 from eventbus.testing import FakeClock
@@ -104,14 +104,17 @@ class Report:
 
 
 class Verifier:
-    """Runs records through ``router`` in a sandbox reading ``lookups`` (module doc)."""
+    """Runs records through ``router`` in a sandbox reading ``lookups`` (module doc).
+
+    ``databases`` makes the handlers' database for each event (default: an
+    empty mongomock one, ``sandbox.sandbox_databases``).
+    """
 
     def __init__(self, router: Router, lookups: Lookups, settings: Settings | None = None, *,
-                 database: Any = None) -> None:
+                 databases: Callable[[], Any] | None = None) -> None:
         self.clock = FakeClock(_START)
         self.store = SandboxStore(lookups, clock=self.clock,
-                                  database=database if database is not None
-                                  else sandbox_database())
+                                  databases=databases or sandbox_databases())
         # No after_success hook and no publisher: nothing the sandbox stores is sent.
         self.processor = Processor(self.store, router, settings or Settings(relay_inline=False),
                                    self.clock, sleep=self.clock.sleep,

@@ -16,15 +16,18 @@ as on the service's store) with three changes:
 
 Nothing the sandbox does reaches the real store (``Lookups`` has only reads)
 or a publisher (the processor is built without one). A handler's own effects
-go to ``context.db``: a mongomock database when ``mongomock`` is installed
-(``eventbus[verify]``), otherwise a database that refuses every use, so such a
-handler is reported "not verifiable" rather than writing anywhere real.
+go to ``context.db``: an empty mongomock database for each event when
+``mongomock`` is installed (``eventbus[verify]``), otherwise a database that
+refuses every use, so such a handler is reported "not verifiable" rather than
+writing anywhere real. Empty for each event, so an event's verdict never
+depends on which other events were selected with it (and a growing
+database does not slow every later event down).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -123,22 +126,29 @@ class SandboxRefused(RuntimeError):
     """Raised when a handler asks the sandbox for something it never gives (a real write)."""
 
 
-def sandbox_database() -> Any:
-    """A throwaway in-memory MongoDB for handlers' own effects (mongomock), or a refusing one."""
+def sandbox_databases() -> Callable[[], Any]:
+    """Makes an empty in-memory MongoDB per call (mongomock), or a refusing one without it."""
     try:
         import mongomock
     except ImportError:
-        return RefusingDatabase()
-    return mongomock.MongoClient(tz_aware=True)["verify"]
+        return RefusingDatabase
+    client = mongomock.MongoClient(tz_aware=True)
+
+    def fresh() -> Any:
+        client.drop_database("verify")
+        return client["verify"]
+
+    return fresh
 
 
 class SandboxStore(MemoryEventStore):
     """A memory store that reads recorded records and never runs a side effect (module doc)."""
 
-    def __init__(self, lookups: Lookups, *, clock: Any, database: Any,
+    def __init__(self, lookups: Lookups, *, clock: Any, databases: Callable[[], Any],
                  lease: timedelta = timedelta(seconds=60)) -> None:
-        super().__init__(lease=lease, created_by=SANDBOX, database=database, clock=clock)
-        self.lookups = lookups
+        super().__init__(lease=lease, created_by=SANDBOX, clock=clock)
+        self.lookups, self.databases = lookups, databases
+        self._sandbox_db: Any = None
         self.stored_results: list[str] = []
         """Side effects answered from their stored result, in order."""
         self.stand_ins: list[str] = []
@@ -146,9 +156,15 @@ class SandboxStore(MemoryEventStore):
         self.partner_calls: list[str] = []
         """Partners a handler tried to call outside the guard (refused)."""
 
+    @property
+    def database(self) -> Any:
+        """The handlers' database of the event being verified (empty when it began)."""
+        return self._sandbox_db
+
     def begin(self) -> None:
-        """Forget the last event: every record, guard, breaker and count."""
+        """Forget the last event: every record, guard, breaker, count and its database."""
         self.reset()
+        self._sandbox_db = self.databases()
         self.stored_results, self.stand_ins, self.partner_calls = [], [], []
 
     def get(self, key: str) -> Record | None:
