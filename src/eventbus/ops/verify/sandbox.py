@@ -132,7 +132,7 @@ def sandbox_databases() -> Callable[[], Any]:
         import mongomock
     except ImportError:
         return RefusingDatabase
-    client = mongomock.MongoClient(tz_aware=True)
+    client: Any = mongomock.MongoClient(tz_aware=True)
 
     def fresh() -> Any:
         client.drop_database("verify")
