@@ -1,0 +1,193 @@
+"""``eventbus verify``: would the current code emit what the store recorded? (a CI check)
+
+    eventbus verify [--app handlers:create_router] [--type T] [--partner P]
+                    [--entity-type T --entity-id ID] [--since 7d] [--until TIME]
+                    [--keys FILE] [--limit 1000] [--allow-unverifiable] [--json]
+    eventbus verify --sample FILE [--app ...] [--allow-unverifiable] [--json]
+    eventbus verify --record-sample N [the filters above] > FILE
+
+Stored SUCCESS events (selected like the other operator commands, newest
+``--limit``, run oldest first) or a recorded sample's run through the app's
+router in a sandbox (``eventbus.ops.verify``): no store writes, no partner
+calls, no publishing. Each difference in the children or forwards is listed
+with the event's key and the child's. Exit 0 when every event emits what was
+recorded; 1 for any difference, for an event that cannot be verified (not
+routed any more, the handler raised, it calls a partner outside the guard,
+a bad sample line) unless ``--allow-unverifiable``, or when nothing was
+verified at all; 2 for arguments or a file that cannot be used.
+
+``--record-sample N`` verifies N stored events the same way and writes them,
+with the parents and stored side-effect results they read, as a sample file
+(JSON lines, ``eventbus.ops.verify.sample``) on stdout; the report goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from eventbus.model.router import Router
+from eventbus.ops.commands.common import Tools, UsageError, add_json, load_app, positive, since
+from eventbus.ops.render import safe, table, to_json
+from eventbus.ops.verify import (
+    Report,
+    StoreLookups,
+    Verdict,
+    Verifier,
+    parse_sample,
+    sample_lines,
+)
+from eventbus.store.operator_queries import EventQuery, matches
+from eventbus.workers.command import router_in
+
+DEFAULT_APP = "handlers:create_router"
+SUCCESS = ("SUCCESS",)
+
+
+def add(commands: Any) -> None:
+    """Register ``verify`` on the ``eventbus`` sub-parsers."""
+    verify = commands.add_parser("verify", help="run stored events through the current code in "
+                                                "a sandbox; exit 1 if they emit otherwise")
+    verify.add_argument("--app", help="MODULE:ATTR of the app's Router, a function returning "
+                                      "one, or a create_app app (default $EVENTBUS_APP, else "
+                                      f"{DEFAULT_APP})")
+    source = verify.add_mutually_exclusive_group()
+    source.add_argument("--sample", type=Path, help="a recorded sample (JSON lines) instead "
+                                                   "of the store")
+    source.add_argument("--record-sample", type=positive, metavar="N",
+                        help="verify N stored events and write them as a sample on stdout")
+    verify.add_argument("--type", dest="event_type", help="only this event_type")
+    verify.add_argument("--partner", help="only this entity_metadata.partnerId")
+    verify.add_argument("--entity-type", help="only this entity_metadata.entity_type")
+    verify.add_argument("--entity-id", help="only this entity_metadata.entity_id")
+    verify.add_argument("--since", type=since, help="created since: 2h, 7d or an ISO time")
+    verify.add_argument("--until", type=since, help="created before: 2h, 7d or an ISO time")
+    verify.add_argument("--keys", type=Path, help="a file of idempotency keys, one per line")
+    verify.add_argument("--limit", type=positive, default=1000,
+                        help="at most N events, the newest (default 1000)")
+    verify.add_argument("--allow-unverifiable", action="store_true",
+                        help="exit 0 even when some events cannot be verified")
+    add_json(verify)
+    verify.set_defaults(run=cmd_verify)
+
+
+def cmd_verify(args: argparse.Namespace, tools: Tools) -> int:
+    """Verify the sample or the selected stored events; print the report."""
+    router = app_router(args.app or tools.ops.app or DEFAULT_APP)
+    if args.sample is not None:
+        sample = parse_sample(_read(args.sample), str(args.sample))
+        report = Verifier(router, sample.lookups, tools.settings).run(sample.items)
+        return _print(report, args, tools)
+    store = tools.store()
+    lookups = StoreLookups(store)
+    records, missing = select(args, store)
+    report = Verifier(router, lookups, tools.settings).run(records)
+    report.verdicts[:0] = [Verdict(key, "unverifiable", reason="no stored record")
+                           for key in missing]
+    if args.record_sample is not None:
+        for line in sample_lines(records, {k: r for k, r in lookups.events.items()
+                                           if k not in {_key(r) for r in records}},
+                                 lookups.side_effects):
+            print(line, file=tools.out)
+        return _print(report, args, tools, out=tools.err)
+    return _print(report, args, tools)
+
+
+def app_router(spec: str) -> Router:
+    """The router ``--app`` names (as ``eventbus worker`` loads it); ``UsageError`` if none."""
+    router = router_in(load_app(spec))
+    if router is None:
+        raise UsageError(f"{spec!r} is not a Router, a function returning one, "
+                         "or an app made by eventbus.create_app")
+    return router
+
+
+def query(args: argparse.Namespace) -> EventQuery:
+    """The ``EventQuery`` of the filters: SUCCESS events only (the others recorded nothing)."""
+    return EventQuery(statuses=SUCCESS, event_type=args.event_type, partner_id=args.partner,
+                      entity_type=args.entity_type, entity_id=args.entity_id,
+                      since=args.since, until=args.until)
+
+
+def select(args: argparse.Namespace, store: Any) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """The records to verify, oldest first, and the ``--keys`` that have none."""
+    limit = args.record_sample or args.limit
+    wanted = query(args)
+    if args.keys is not None:
+        keys = list(dict.fromkeys(_keys(args.keys)))[:limit]
+        found = {_key(r): r for r in store.get_many(keys)}
+        # A key the file names is verified whatever its status: it is skipped with the reason.
+        chosen = [found[k] for k in keys if k in found
+                  and matches(found[k], _without_status(wanted))]
+        return _oldest_first(chosen), [k for k in keys if k not in found]
+    return _oldest_first(store.find_events(wanted, limit=limit)), []
+
+
+def _without_status(wanted: EventQuery) -> EventQuery:
+    return EventQuery(**{**wanted.__dict__, "statuses": ()})
+
+
+def _oldest_first(records: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    # Events run in the order they first did, so handlers' own effects build up as they did.
+    return sorted(records, key=_created)
+
+
+def _created(record: Mapping[str, Any]) -> str:
+    created = record.get("created")
+    return created if isinstance(created, str) else ""
+
+
+def _key(record: Mapping[str, Any]) -> str:
+    return str(record.get("idempotency_key"))
+
+
+def _keys(path: Path) -> list[str]:
+    """The keys of a ``--keys`` file: one per line; blank lines and ``#`` comments skipped."""
+    try:
+        text = _read(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _print(report: Report, args: argparse.Namespace, tools: Tools,
+           out: Any = None) -> int:
+    code = report.exit_code(allow_unverifiable=args.allow_unverifiable)
+    stream = out or tools.out
+    if args.json:
+        print(to_json({**report.to_json(), "exit": code}), file=stream)
+    else:
+        print(report_text(report), file=stream)
+    return code
+
+
+def report_text(report: Report) -> str:
+    """The report: one line per difference, per unverifiable and unreadable event; a summary."""
+    rows: list[list[Any]] = []
+    for verdict in report.verdicts:
+        if verdict.state == "different":
+            rows += [["DIFFERENT", verdict.key, difference.child, difference.text()]
+                     for difference in verdict.differences]
+        elif verdict.state in ("unverifiable", "unreadable"):
+            rows.append([verdict.state.upper(), verdict.key, "", verdict.reason])
+    counts = report.counts()
+    summary = (f"verified {sum(counts.values())} events: {counts['same']} same, "
+               f"{counts['different']} different, {counts['unverifiable']} unverifiable, "
+               f"{counts['unreadable']} unreadable, {counts['skipped']} skipped")
+    if not rows:
+        return summary
+    return table(["verdict", "key", "child", "what"], rows, whole=("key", "child", "what")) + \
+        "\n\n" + safe(summary)
+
+
+__all__ = ["add", "app_router", "cmd_verify", "query", "report_text", "select"]
