@@ -38,7 +38,7 @@ guard record FAILED and releases its lease.
 
 **The breaker** (``partner``, from ``context.partner(partner_id)``): the
 HTTP call runs through the partner's breaker and shared rate
-(``eventbus.breaker``), inside the guard, so a key already delivered is
+(``eventbus.partners``), inside the guard, so a key already delivered is
 skipped without asking the breaker, and a call the breaker refuses raises
 ``BreakerOpen`` before any request (the event is parked).
 """
@@ -55,8 +55,8 @@ from urllib.parse import quote
 import requests
 
 from eventbus import PermanentError, TransientError, deadline
-from eventbus.breaker import Partner
 from eventbus.guard import Guard
+from eventbus.partners import Partner
 
 RETRYABLE_4XX = frozenset({408, 429})
 MAX_HEADER_KEY = 200

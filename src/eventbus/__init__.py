@@ -37,7 +37,7 @@ The layers, each a package that says what it may import:
 * ``eventbus.outbox``    children: the relay and its sweeper;
 * ``eventbus.clock``     time in one place: the store's clock, lease arithmetic, waits;
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
-* ``eventbus.breaker``   a breaker and a shared rate per partner (``context.partner``),
+* ``eventbus.partners``  partners: a breaker and a shared rate each (``context.partner``),
                          kept in the store; its refusals park events;
 * ``eventbus.deadline``  outbound HTTP calls that end within a total deadline;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;

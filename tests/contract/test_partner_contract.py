@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from eventbus.breaker import CLOSED, HALF_OPEN, OPEN, Partners
 from eventbus.clock import Shift, bson_time
 from eventbus.model.errors import BreakerOpen, PermanentError, RateLimited, TransientError
+from eventbus.partners import CLOSED, HALF_OPEN, OPEN, Partners
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore, Finish, Finished
 from eventbus.store.documents import parking

@@ -50,7 +50,6 @@ from typing import Any, Protocol, cast
 
 from pymongo import MongoClient
 
-from eventbus.breaker import partner_name
 from eventbus.clock import Shift
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
@@ -61,6 +60,7 @@ from eventbus.model.order import entity_key
 from eventbus.model.router import Router
 from eventbus.ops.replay import Replayer
 from eventbus.outbox.relay import Relay
+from eventbus.partners import partner_name
 from eventbus.processor import Heartbeat, Processor, Result
 from eventbus.settings import Settings
 from eventbus.store.base import BatchClaim, Claim, EntityHolds, EventStore, Finish, Finished

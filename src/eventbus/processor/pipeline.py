@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from eventbus.breaker import Partners
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
 from eventbus.model.content import error_text
@@ -47,6 +46,7 @@ from eventbus.model.errors import (
 )
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
+from eventbus.partners import Partners
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
 from eventbus.processor.middleware import Middleware

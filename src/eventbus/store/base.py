@@ -231,7 +231,7 @@ class GuardStore(Clocked, Protocol):
 
 
 class PartnerStore(Clocked, Protocol):
-    """What partners use: breakers, shared rates and parked events (``eventbus.breaker``)."""
+    """What partners use: breakers, shared rates and parked events (``eventbus.partners``)."""
 
     def breaker_get(self, name: str) -> Record | None:
         """Return the breaker document of partner ``name`` (``version`` included), or None."""

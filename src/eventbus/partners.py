@@ -53,7 +53,7 @@ from eventbus.settings import Settings
 from eventbus.store.base import PartnerStore
 from eventbus.store.documents.parking import RateLimit
 
-logger = logging.getLogger("eventbus.breaker")
+logger = logging.getLogger("eventbus.partners")
 
 T = TypeVar("T")
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -218,10 +218,15 @@ def swap(store: PartnerStore, name: str, change: Callable[[BreakerState], Breake
 
 
 class Partner:
-    """One partner's breaker and rate; ``call`` runs an outbound call through both."""
+    """One partner's breaker and rate; ``call`` runs an outbound call through both.
+
+    Made by ``Partners.get``, which normalises the partner's name once:
+    ``name`` is the stored name (``partner_name``'s result), kept as it is, so a
+    hashed name is never hashed again.
+    """
 
     def __init__(self, name: str, partners: Partners) -> None:
-        self.name, self.partners = partner_name(name), partners
+        self.name, self.partners = name, partners
 
     def call(self, effect: Callable[[], T]) -> T:
         """Run ``effect`` if the breaker and the rate let it; raise ``PartnerPaused`` if not.
@@ -312,14 +317,15 @@ class Partners:
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
         self.sleep = sleep or getattr(now, "sleep", None) or time.sleep
-        self.rates = dict(settings.partner_rates)
+        # Keyed by stored name, as every lookup is (``rate`` gets a ``Partner.name``).
+        self.rates = {partner_name(name): rate for name, rate in settings.partner_rates}
 
     def get(self, name: object) -> Partner:
-        """Return partner ``name`` (any text: see ``partner_name``)."""
+        """Return partner ``name`` (any text), under its stored name: the one normalisation."""
         return Partner(partner_name(name), self)
 
     def rate(self, name: str) -> float:
-        """Calls per second allowed to ``name`` (0: no limit)."""
+        """Calls per second allowed to the partner stored as ``name`` (0: no limit)."""
         return self.rates.get(name, self.settings.partner_rate)
 
     def pace(self, name: str) -> None:
