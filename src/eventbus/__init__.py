@@ -39,7 +39,9 @@ The layers, each a package that says what it may import:
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
 * ``eventbus.partners``  partners: a breaker and a shared rate each (``context.partner``),
                          kept in the store; its refusals park events;
-* ``eventbus.deadline``  outbound HTTP calls that end within a total deadline;
+* ``eventbus.deadline``  outbound HTTP calls that end within a total deadline, their
+                         answers capped, on a client the library owns (requests);
+* ``eventbus.deadline_async`` the same for async code, on httpx;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
 * ``eventbus.contracts`` public contracts as files: schemas, the compatibility check;
