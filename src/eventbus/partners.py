@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 from eventbus.model.errors import BreakerOpen, Classification, Classifier, RateLimited
 from eventbus.settings import Settings
 from eventbus.store.base import PartnerStore
-from eventbus.store.documents.parking import RateLimit
+from eventbus.store.documents.partner_documents import RateLimit
 
 logger = logging.getLogger("eventbus.partners")
 

@@ -56,7 +56,7 @@ from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import EntityHolds, EntityRelease, Finish, ProcessorStore
-from eventbus.store.documents import parking
+from eventbus.store.documents import partner_documents
 
 logger = logging.getLogger("eventbus")
 
@@ -333,7 +333,7 @@ class Processor:
         assert item.claim is not None
         since = item.claim.record.get("replayed_at_attempt", 0)
         since = since if isinstance(since, int) and not isinstance(since, bool) else 0
-        return item.claim.attempt - since - parking.parks(item.claim.record)
+        return item.claim.attempt - since - partner_documents.parks(item.claim.record)
 
     def _context(self, item: Item) -> Context:
         located, claim = item.located, item.claim
@@ -407,8 +407,9 @@ class Processor:
         # the subscription's success rate (every partner's push rate) holds;
         # the redrive brings it back at ``until``.
         assert item.claim is not None
-        error = {**documents.error_document(exc, parking.PARKED), "partner": paused.partner,
-                 "until": paused.until, "parks": parking.parks(item.claim.record) + 1}
+        error = {**documents.error_document(exc, partner_documents.PARKED),
+                 "partner": paused.partner, "until": paused.until,
+                 "parks": partner_documents.parks(item.claim.record) + 1}
         finish = Finish(item.key, item.claim.owner, error=error, retryable=True,
                         redrive_at=paused.until, parked=True)
         return Pending(finish, Result(Outcome.PARKED, key=item.key, event_type=item.event_type,

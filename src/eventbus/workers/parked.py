@@ -19,7 +19,7 @@ from typing import Any
 from eventbus.partners import CLOSED, BreakerState, Policy, admit
 from eventbus.settings import Settings
 from eventbus.store.base import PartnerStore
-from eventbus.store.documents.parking import is_parked
+from eventbus.store.documents.partner_documents import is_parked
 
 ALL, ONE, NONE = "all", "one", "none"
 
