@@ -1,9 +1,16 @@
-"""A breaker and a shared rate per partner, kept in the store so every instance shares them.
+"""Partners: a breaker and a shared rate each, kept in the store so every instance shares them.
 
 A handler makes an outbound call through its partner::
 
     context.partner(partner_id).call(lambda: post(...))
 
+(the HTTP call itself on the library's client, ``eventbus.deadline.Client``,
+so it ends within its deadline however the app wired its session).
+
+* **Names.** ``Partners.get`` normalises a partner's id once
+  (``partner_name``: an unusual one becomes ``sha256:<hex>``), and everything
+  after it (the breaker, the bucket, parked events, the operator's views)
+  uses that stored name as it is.
 * **Breaker.** After ``Settings.breaker_failures`` consecutive transient
   failures the breaker opens for ``breaker_open_seconds``; then one call, the
   probe, goes through (half-open); its success closes the breaker, its failure
