@@ -235,7 +235,10 @@ class Processor:
 
     def _run_lane(self, lane: Lane, leases: Mapping[str, Lease], alone: bool) -> None:
         for index, item in enumerate(lane.items):
-            if lane.entity_key and index and not self._still_held(lane):
+            # Before every event, the first too: a batch's lanes run one after the other
+            # (or wait for a thread), so a lane's first event may start long after the
+            # claim took its hold, behind another lane's handler the process was paused in.
+            if lane.entity_key and not self._still_held(lane):
                 # The hold lapsed (a pause longer than the lease): another instance
                 # may hold the entity now, so the rest of the lane goes back.
                 for rest in lane.items[index:]:
