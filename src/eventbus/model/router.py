@@ -32,6 +32,7 @@ from eventbus.model.context import Context
 from eventbus.model.errors import DuplicateHandler, UnknownEventType, UnsupportedVersion
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.forward import Forward, Forwards, Path
+from eventbus.model.replay import REPLAY_POLICIES, ReplayPolicy
 
 Handler = Callable[[Context], None]
 Upcaster = Callable[[Event], Event]
@@ -96,20 +97,24 @@ class Router:
     def handler(self, event_type: str, *, versions: tuple[str, ...] = ("v1",),
                 upcasters: Mapping[str, Upcaster] | None = None,
                 internal: bool = False,
-                ordered_by: str | None = None) -> Callable[[Handler], Handler]:
+                ordered_by: str | None = None,
+                replay: ReplayPolicy = "run") -> Callable[[Handler], Handler]:
         """Register the decorated function for ``event_type``.
 
         ``internal=True`` declares a step of a cascade (a partner call, say):
         it runs only for a child the relay published from its parent's outbox.
         ``ordered_by`` (a dotted path such as ``entity_data.updatedAt``) makes
         the newest event of an entity win: see ``eventbus.model.order``.
+        ``replay`` says what ``eventbus rebuild`` does with it: ``run`` (default) or ``skip``.
         """
+        if replay not in REPLAY_POLICIES:
+            raise ValueError(f"replay must be one of {REPLAY_POLICIES}, not {replay!r}")
         if ordered_by is not None and not all(ordered_by.split(".")):
             raise ValueError(f"ordered_by must be a dotted path, not {ordered_by!r}")
 
         def register(function: Handler) -> Handler:
             self.add(Route(event_type, function, tuple(versions), dict(upcasters or {}),
-                           internal, ordered_by))
+                           internal, ordered_by, replay))
             return function
         return register
 
