@@ -54,6 +54,10 @@ class Route:
     """A dotted path to the event's position (``eventbus.model.order``): the handler
     never runs for an event older than one applied for its entity, nor beside another
     event of that entity."""
+    replay: ReplayPolicy = "run"
+    """What a rebuild does with this route (``eventbus.model.replay``): ``run`` it again
+    in replay mode (the default: a rebuild exists to re-run handlers, and the guard keeps
+    their calls from repeating), or ``skip`` it (a pure notifier: never re-run)."""
 
     def upcast(self, event: Event) -> Event:
         """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``.
