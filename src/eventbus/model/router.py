@@ -163,6 +163,10 @@ class Router:
             raise UnknownEventType(f"no handler for event_type {event.event_type!r}")
         return route
 
+    def route_for_type(self, event_type: str) -> Route:
+        """Return the route of ``event_type``; ``KeyError`` when none is registered."""
+        return self._routes[event_type]
+
     def resolve(self, event: Event) -> tuple[Route, Event]:
         """Return the route for ``event`` and the event upcast for it."""
         route = self.route_for(event)

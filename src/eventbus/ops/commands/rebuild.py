@@ -1,0 +1,233 @@
+"""``eventbus rebuild``: run handlers again over stored SUCCESS events (``eventbus.ops.rebuild``).
+
+Every input is checked before the store is touched, and every problem is one
+line and exit status 2, never a traceback: a keys file that cannot be read
+(missing, not UTF-8, a key that is not printable text), a time range whose
+start is not before its end, a reason that is not text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import Any
+
+from eventbus.model.replay import Replay
+from eventbus.model.router import Router
+from eventbus.ops import jsonfile
+from eventbus.ops.commands.common import (
+    Tools,
+    UsageError,
+    add_json,
+    load_app,
+    positive,
+    rate,
+    since,
+)
+from eventbus.ops.rebuild import Rebuild, Report, Selection, StoredSource, new_run
+from eventbus.ops.render import safe, table
+from eventbus.processor.replay import ReplayProcessor
+from eventbus.store.operator_queries import EventQuery
+from eventbus.workers.rate import RateLimit
+
+_MAX_KEY = 1024
+
+
+def add(commands: Any) -> None:
+    """Register ``rebuild`` on the ``eventbus`` sub-parsers."""
+    rebuild = commands.add_parser(
+        "rebuild", help="run handlers again over stored SUCCESS events (replay mode)")
+    rebuild.add_argument("--type", dest="event_type", help="only this event_type")
+    rebuild.add_argument("--partner", help="only this entity_metadata.partnerId")
+    rebuild.add_argument("--entity-type", help="only this entity_metadata.entity_type")
+    rebuild.add_argument("--entity-id", help="only this entity_metadata.entity_id")
+    rebuild.add_argument("--since", type=since, help="created since: 3d or an ISO time")
+    rebuild.add_argument("--until", type=since,
+                         help="created before: 1d or an ISO time (default: the start)")
+    rebuild.add_argument("--keys", metavar="FILE",
+                         help="a file of idempotency keys, one per line (- for stdin)")
+    rebuild.add_argument("--resume", metavar="ID", help="go on with an interrupted rebuild")
+    rebuild.add_argument("--why", default="", help="the reason, kept in every audit entry")
+    rebuild.add_argument("--dry-run", action="store_true", help="list what would run")
+    rebuild.add_argument("--rate", type=rate, help="at most N events per second, e.g. 50/s")
+    rebuild.add_argument("--batch", type=positive, default=100, help="events per batch")
+    rebuild.add_argument("--allow-new-calls", action="store_true",
+                         help="let guarded calls that never succeeded, and partner calls "
+                              "outside the guard, run")
+    rebuild.add_argument("--emit-new", action="store_true",
+                         help="store and publish the children that are new")
+    rebuild.add_argument("--forward", action="store_true",
+                         help="publish the public-topic forwards again")
+    rebuild.add_argument("--app", help="MODULE:ATTR of the service app or Router "
+                                       "(default $EVENTBUS_APP)")
+    add_json(rebuild)
+    rebuild.set_defaults(run=cmd_rebuild)
+
+
+def cmd_rebuild(args: argparse.Namespace, tools: Tools) -> int:
+    """Plan, dry-run or run a rebuild; exit 1 when some event could not be rebuilt."""
+    why = _text(args.why, "--why")
+    started = tools.now()
+    if args.resume is not None:
+        return _resume(args, tools, _text(args.resume, "--resume"))
+    selection = _selection(args, started)
+    router = _router(args, tools)
+    store = tools.store()
+    flags = {"new_calls": args.allow_new_calls, "emit_new": args.emit_new,
+             "forward": args.forward}
+    source = StoredSource(store, selection)
+    if args.dry_run:
+        return _dry_run(args, tools, source, router)
+    run = new_run(by=tools.ops.operator, why=why or "rebuilt from the command line",
+                  started=store.now(), selection=selection, flags=flags)
+    return _run(args, tools, router, run, source)
+
+
+def _resume(args: argparse.Namespace, tools: Tools, rebuild_id: str) -> int:
+    store = tools.store()
+    run = store.rebuild_get(rebuild_id)
+    if run is None:
+        raise UsageError(f"no rebuild {safe(rebuild_id)!r} (see the console's Rebuilds)")
+    selection = Selection.from_json(run.get("selection") or {})
+    return _run(args, tools, _router(args, tools), run, StoredSource(store, selection))
+
+
+def _run(args: argparse.Namespace, tools: Tools, router: Router, run: dict[str, Any],
+         source: StoredSource) -> int:
+    store, flags = tools.store(), run.get("flags") or {}
+    replay = Replay(str(run["rebuild_id"]), str(run["by"]), str(run["why"]), run["started"],
+                    new_calls=bool(flags.get("new_calls")), emit_new=bool(flags.get("emit_new")),
+                    forward=bool(flags.get("forward")))
+    relay = None
+    if replay.emit_new or replay.forward:
+        from eventbus.outbox.relay import Relay
+
+        relay = Relay(store, tools.publisher(), now=store.now)
+    processor = ReplayProcessor(store, router, tools.settings, store.now, replay,
+                                after_success=relay)
+    job = Rebuild(store, processor, source, run, batch=args.batch,
+                  limit=RateLimit(args.rate, burst=1) if args.rate else RateLimit(None),
+                  progress=lambda report: _progress(tools, report))
+    print(f"rebuild {safe(replay.rebuild_id)} (resume with --resume {safe(replay.rebuild_id)})",
+          file=tools.err, flush=True)
+    try:
+        report = job.run()
+    finally:
+        processor.close()
+    print(file=tools.err)
+    _report(args, tools, report, source)
+    return 0 if not report.failures and not source.missing else 1
+
+
+def _progress(tools: Tools, report: Report) -> None:
+    bar = "#" * (30 * report.done // max(report.total, 1))
+    counts = " ".join(f"{name} {count}" for name, count in report.counts.items() if count)
+    print(f"\r  [{bar:<30}] {report.done}/{report.total}  {counts}", end="", file=tools.err,
+          flush=True)
+
+
+def _report(args: argparse.Namespace, tools: Tools, report: Report,
+            source: StoredSource) -> None:
+    lines = [f"rebuild {report.rebuild_id}: " + ", ".join(
+        f"{count} {name}" for name, count in report.counts.items())]
+    if report.failures:
+        lines += ["", table(["key", "reason"], [[f["key"], f["reason"]]
+                                                for f in report.failures])]
+    if report.new_children:
+        lines += ["", table(["parent", "new child", "published"],
+                            [[c["parent"], c["key"], "yes" if c["emitted"] else "no (--emit-new)"]
+                             for c in report.new_children])]
+    lines += [f"no event with idempotency key {safe(key)!r}" for key in source.missing]
+    tools.emit({**report.to_json(), "missing": source.missing}, "\n".join(lines), args)
+
+
+def _dry_run(args: argparse.Namespace, tools: Tools, source: StoredSource,
+             router: Router) -> int:
+    keys = source.plan()
+    rows = []
+    for start in range(0, len(keys), 500):
+        for _delivery, record in source.load(keys[start:start + 500]):
+            route = _route(router, str(record.get("event_type")))
+            rows.append([record.get("idempotency_key"), record.get("event_type"),
+                         "skip (replay=\"skip\")" if route == "skip" else
+                         "no handler" if route is None else "run"])
+    rows += [[key, "", f"cannot be rebuilt: {why}"] for key, why in source.unreadable]
+    running = sum(row[2] == "run" for row in rows)
+    text = (table(["key", "event_type", "would"], rows) if rows else "nothing to rebuild") + \
+        f"\n\n{running} events would run again"
+    text += "".join(f"\nno event with idempotency key {safe(key)!r}" for key in source.missing)
+    tools.emit({"dry_run": True, "keys": [row[0] for row in rows if row[2] == "run"],
+                "missing": source.missing}, text, args)
+    return 1 if source.missing else 0
+
+
+def _route(router: Router, event_type: str) -> str | None:
+    try:
+        return router.route_for_type(event_type).replay
+    except KeyError:
+        return None
+
+
+def _selection(args: argparse.Namespace, started: dt.datetime) -> Selection:
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        raise UsageError(f"--since ({args.since.isoformat()}) must be before --until "
+                         f"({args.until.isoformat()})")
+    filters = any(value is not None for value in (args.event_type, args.partner,
+                                                  args.entity_type, args.entity_id, args.since,
+                                                  args.until))
+    if args.keys is None and not filters:
+        raise UsageError("rebuild needs --keys FILE or at least one filter (--type, --partner, "
+                         "--entity-type/--entity-id, --since/--until)")
+    # The end is pinned at the start, so a resumed rebuild plans the same events.
+    query = EventQuery(event_type=_opt(args.event_type, "--type"),
+                       partner_id=_opt(args.partner, "--partner"),
+                       entity_type=_opt(args.entity_type, "--entity-type"),
+                       entity_id=_opt(args.entity_id, "--entity-id"),
+                       since=args.since, until=args.until or started)
+    keys = _keys(args.keys) if args.keys is not None else ()
+    return Selection(query, keys)
+
+
+def _keys(source: str) -> tuple[str, ...]:
+    try:
+        text = jsonfile.read_text(source)
+    except jsonfile.Unreadable as exc:
+        raise UsageError(str(exc)) from None
+    keys = []
+    for number, line in enumerate(text.splitlines(), 1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        if len(key) > _MAX_KEY or not key.isprintable():
+            raise UsageError(f"{safe(source)} line {number}: not an idempotency key "
+                             f"({safe(key[:60])!r})")
+        keys.append(key)
+    if not keys:
+        raise UsageError(f"{safe(source)} holds no keys")
+    return tuple(dict.fromkeys(keys))
+
+
+def _text(value: str, option: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{option} is not UTF-8 text") from None
+    return value
+
+
+def _opt(value: str | None, option: str) -> str | None:
+    return None if value is None else _text(value, option)
+
+
+def _router(args: argparse.Namespace, tools: Tools) -> Router:
+    spec = args.app or tools.ops.app
+    if not spec:
+        raise UsageError("rebuild needs the app's handlers: --app MODULE:ATTR or $EVENTBUS_APP")
+    app = load_app(spec)
+    if isinstance(app, Router):
+        return app
+    service = getattr(app, "extensions", {}).get("eventbus")
+    router = getattr(getattr(service, "processor", None), "router", None)
+    if not isinstance(router, Router):
+        raise UsageError(f"{safe(spec)!r} is neither an eventbus Flask app nor a Router")
+    return router
