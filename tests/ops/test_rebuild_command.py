@@ -47,7 +47,7 @@ def test_a_dry_run_lists_and_writes_nothing(bus: Bus, tmp_path: Path) -> None:
     keys = _succeeded(bus, 2)
     path = tmp_path / "keys.txt"
     path.write_text("\n".join([*keys, "# a comment", "", "p:nobody:missing"]) + "\n")
-    code, out, err = bus.run("rebuild", "--keys", str(path), "--app", APP, "--dry-run",
+    code, out, _ = bus.run("rebuild", "--keys", str(path), "--app", APP, "--dry-run",
                              "--json")
     plan = json.loads(out)
     assert code == 1  # a key without an event
@@ -78,7 +78,7 @@ def test_hostile_input_is_one_clear_line_never_a_traceback(
     assert bus.store.rebuild_runs(10) == []
 
 
-def test_a_bad_time_is_refused_by_the_parser(bus: Bus, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_time_is_refused_by_the_parser(bus: Bus) -> None:
     # argparse's own usage error: exit status 2 and one line, as for every command.
     with pytest.raises(SystemExit) as stopped:
         bus.run("rebuild", "--app", APP, "--since", "yesterday-ish")
