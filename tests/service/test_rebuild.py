@@ -16,8 +16,8 @@ from eventbus.model.context import Context
 from eventbus.model.errors import ReplayRefused
 from eventbus.model.replay import Replay
 from eventbus.model.router import Router
-from eventbus.ops.rebuild import Rebuild, Selection, StoredSource, new_run, run_order
-from eventbus.processor.replay import ReplayProcessor
+from eventbus.ops.rebuilder import Rebuild, Selection, StoredSource, new_run, run_order
+from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.settings import Settings
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus

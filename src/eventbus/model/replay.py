@@ -1,6 +1,6 @@
 """Replay mode: what a handler sees when an operator's rebuild runs it again.
 
-A rebuild (``eventbus rebuild``, ``eventbus.ops.rebuild``) runs chosen handlers
+A rebuild (``eventbus rebuild``, ``eventbus.ops.rebuilder``) runs chosen handlers
 again over stored SUCCESS events. The handler gets ``context.replay``, a
 ``Replay`` (who started it, why, when, which rebuild); on a live delivery it
 is None. A handler may branch on it, e.g. to skip a write that only makes

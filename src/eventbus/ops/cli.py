@@ -12,7 +12,7 @@ tells each one's options:
 
 * ``failed``, ``history --partner ID``, ``show KEY``, ``stats``, ``retries``;
 * ``rebuild FILTERS|--keys FILE|--resume ID`` (replay mode over SUCCESS events,
-  ``eventbus.ops.rebuild``);
+  ``eventbus.ops.rebuilder``);
 * ``replay KEY...|--group ID|FILTERS``, ``dlq drain`` (the drain is a
   worker's, ``eventbus.workers.deadletter``);
 * ``console [--port N] [--read-only]``;
@@ -54,7 +54,7 @@ from collections.abc import Sequence
 
 from eventbus.model.errors import EventBusError, PublishError
 from eventbus.ops import cascade
-from eventbus.ops.commands import console, public, queries, rebuild, repair, steering, sweepers
+from eventbus.ops.commands import console, public, queries, rebuilding, repair, steering, sweepers
 from eventbus.ops.commands.common import Tools, UsageError, load_app, positive
 from eventbus.ops.config import OpsSettings, load_env_file
 from eventbus.ops.progress import status_table
@@ -152,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
     trace_ = commands.add_parser("trace", help="print the cascade of an event from its root")
     trace_.add_argument("key", help="the idempotency key of any event of the cascade")
     trace_.set_defaults(run=cmd_trace)
-    for module in (queries, repair, rebuild, console, sweepers, public, steering):
+    for module in (queries, repair, rebuilding, console, sweepers, public, steering):
         module.add(commands)
     worker.add(commands, positive, load_app)
     return root

@@ -104,7 +104,7 @@ class Processor:
 
     skips_stale = True
     """An ordered event older than its entity's position is stale, and the position moves
-    with each SUCCESS (a rebuild, ``eventbus.processor.replay``, re-runs old events in order
+    with each SUCCESS (a rebuild, ``eventbus.processor.replay_mode``, re-runs old events in order
     and never moves it)."""
 
     def __init__(self, store: ProcessorStore, router: Router, settings: Settings, now: Clock,

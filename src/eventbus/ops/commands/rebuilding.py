@@ -1,4 +1,4 @@
-"""``eventbus rebuild``: run handlers again over stored SUCCESS events (``eventbus.ops.rebuild``).
+"""``eventbus rebuild``: run handlers again over stored SUCCESS events (``eventbus.ops.rebuilder``).
 
 Every input is checked before the store is touched, and every problem is one
 line and exit status 2, never a traceback: a keys file that cannot be read
@@ -24,9 +24,9 @@ from eventbus.ops.commands.common import (
     rate,
     since,
 )
-from eventbus.ops.rebuild import Rebuild, Report, Selection, StoredSource, new_run
+from eventbus.ops.rebuilder import Rebuild, Report, Selection, StoredSource, new_run
 from eventbus.ops.render import safe, table
-from eventbus.processor.replay import ReplayProcessor
+from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.store.operator_queries import EventQuery
 from eventbus.workers.rate import RateLimit
 

@@ -3,7 +3,7 @@
 A rebuild is a **batch source** for the one pipeline, as the pull worker is:
 it plans which events run (a ``Source``), loads them a batch at a time as
 deliveries with their records, and hands each batch to a ``ReplayProcessor``
-(``eventbus.processor.replay``): one lease round trip, one finish round trip
+(``eventbus.processor.replay_mode``): one lease round trip, one finish round trip
 per batch, the handlers in replay mode. Around the batches it keeps:
 
 * **the plan**: the selection's keys in run order: by ``created``, except that
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from eventbus.model.delivery import Delivery
 from eventbus.model.outcome import Outcome
 from eventbus.model.status import Status
-from eventbus.processor.replay import ReplayProcessor
+from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.processor.work import Result
 from eventbus.store.base import Record
 from eventbus.store.operator_queries import EventQuery
