@@ -14,7 +14,7 @@ import pytest
 
 from eventbus.model.context import Context
 from eventbus.model.errors import ReplayRefused
-from eventbus.model.replay import Replay
+from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.ops.rebuilder import Rebuild, Selection, StoredSource, new_run, run_order
 from eventbus.processor.replay_mode import ReplayProcessor

@@ -98,7 +98,7 @@ class AttemptCapReached(PermanentError):
 
 
 class ReplayRefused(PermanentError):
-    """Raised in replay mode for a call a rebuild may not make (``eventbus.model.replay``).
+    """Raised in replay mode for a call a rebuild may not make (``eventbus.model.replaying``).
 
     A guarded call that never succeeded before, or a partner call outside the
     guard, without the operator's ``--allow-new-calls``: that event's rebuild

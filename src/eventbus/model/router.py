@@ -32,7 +32,7 @@ from eventbus.model.context import Context
 from eventbus.model.errors import DuplicateHandler, UnknownEventType, UnsupportedVersion
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.forward import Forward, Forwards, Path
-from eventbus.model.replay import REPLAY_POLICIES, ReplayPolicy
+from eventbus.model.replaying import REPLAY_POLICIES, ReplayPolicy
 
 Handler = Callable[[Context], None]
 Upcaster = Callable[[Event], Event]
@@ -55,7 +55,7 @@ class Route:
     never runs for an event older than one applied for its entity, nor beside another
     event of that entity."""
     replay: ReplayPolicy = "run"
-    """What a rebuild does with this route (``eventbus.model.replay``): ``run`` it again
+    """What a rebuild does with this route (``eventbus.model.replaying``): ``run`` it again
     in replay mode (the default: a rebuild exists to re-run handlers, and the guard keeps
     their calls from repeating), or ``skip`` it (a pure notifier: never re-run)."""
 

@@ -6,7 +6,7 @@ status, never one this rebuild already ran), the heartbeat renews those
 leases, the finish appends one audit entry per record (``rebuild_finish_many``).
 Every other stage is the live one: locate, the entity holds and lanes of
 ordered handlers, the handler under ``concurrency`` threads, the relay.
-What differs for the handler (``eventbus.model.replay``):
+What differs for the handler (``eventbus.model.replaying``):
 
 * ``context.replay`` is set; ``context.guard`` is a ``ReplayGuard`` (stored
   results, no call made twice); ``context.partner(...).call`` is refused
@@ -34,7 +34,7 @@ from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
 from eventbus.model.forward import is_forward
 from eventbus.model.outcome import Outcome
-from eventbus.model.replay import Replay
+from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.model.status import Status
 from eventbus.processor.heartbeat import Heartbeat

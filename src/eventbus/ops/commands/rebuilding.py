@@ -12,7 +12,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from eventbus.model.replay import Replay
+from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.ops import jsonfile
 from eventbus.ops.commands.common import (
