@@ -19,7 +19,7 @@ bench:      ## benchmarks: ratios against baselines measured in the same run
 venv:
 	bash infra/venv.sh
 
-requirements: ## re-pin requirements.txt from pyproject.toml (the [service] and [telemetry] extras)
+requirements: ## re-pin requirements.txt from pyproject.toml (the [service], [telemetry] and [archive] extras)
 	bash infra/venv.sh && .venv/bin/pip install -q pip-tools && \
-	.venv/bin/pip-compile -q --extra service --extra telemetry --strip-extras --no-emit-index-url \
+	.venv/bin/pip-compile -q --extra service --extra telemetry --extra archive --strip-extras --no-emit-index-url \
 	  --no-emit-find-links -o requirements.txt pyproject.toml

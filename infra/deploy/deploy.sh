@@ -48,6 +48,9 @@ Optional (a value given is written to the stack's config; one not given keeps th
   WORKER_RATE             events/s ceiling of each worker instance (default 0: none)
   PUBLIC_CONSUMERS        comma-separated NAME:TOPIC:VERSION:MEMBER: who reads which public
                           topic (docs/PUBLIC_TOPICS.md); each gets its own subscription
+  ARCHIVE                 true: keep every message past retention, as Avro files in a bucket
+                          and in a BigQuery table (docs/OPERATORS.md, "The archive")
+  ARCHIVE_DAYS            days the archive keeps a message (default 365)
   REPOSITORY              Artifact Registry repository for built images (default eventbus)
   STACK                   Pulumi stack name (default: PROJECT)
   PULUMI_BACKEND_URL      Pulumi state backend (default gs://PROJECT-pulumi-state, created)
@@ -90,7 +93,7 @@ CONFIG_KEYS=(
   "CONSUMER consumer" "PULL_EVENT_TYPES pullEventTypes" "PULL_EXACTLY_ONCE pullExactlyOnce" "PULL_ORDERED pullOrdered"
   "WORKER_INSTANCES workerInstances" "WORKER_BATCH_SIZE workerBatchSize"
   "WORKER_RATE workerRate" "PUBLIC_CONSUMERS publicConsumers"
-  "BREAKER_ALERT_SECONDS breakerAlertSeconds"
+  "BREAKER_ALERT_SECONDS breakerAlertSeconds" "ARCHIVE archive" "ARCHIVE_DAYS archiveDays"
 )
 
 say() { printf '== %s\n' "$*" >&2; }
@@ -108,6 +111,7 @@ enable_apis() {
   local apis=(run pubsub secretmanager cloudscheduler cloudbuild artifactregistry monitoring
               logging iam iamcredentials cloudresourcemanager)
   [ "$TARGET" = function ] && apis+=(cloudfunctions storage)
+  [ "${ARCHIVE:-}" = true ] && apis+=(storage bigquery)
   g services enable "${apis[@]/%/.googleapis.com}"
 }
 

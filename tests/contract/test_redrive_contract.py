@@ -188,6 +188,41 @@ def test_a_stranded_retryable_event_is_published_again_and_finishes(
     assert (store.get(first.key) or {})["event_status"] == "SUCCESS"
 
 
+def test_a_republished_event_processed_before_the_sweep_returns_is_counted(
+        store: EventStore, store_clock: StoreClock) -> None:
+    # Push can process the republished message before the publish call returns: the
+    # redrive is counted first, so the finished record still shows it.
+    run, redriver, publisher, clock = setup(store, store_clock, failures=1)
+    first = run.process(event_message(uuid.uuid4().hex))
+    clock.advance(61)
+
+    def deliver_at_once() -> None:
+        for message in publisher.take():
+            run.process(Delivery(message.data, message.attributes, message_id="m-2"))
+
+    publisher.on_publish = deliver_at_once  # the message published before this one
+    report = redriver.sweep()
+    deliver_at_once()  # this sweep's message, before the sweep could mark anything
+    record = store.get(first.key) or {}
+    assert report.republished == 1 and report.skipped == 0
+    assert (record["event_status"], record["redrives"]) == ("SUCCESS", 1)
+
+
+def test_a_failed_publish_leaves_the_event_due_again_after_the_backoff(
+        store: EventStore, store_clock: StoreClock) -> None:
+    run, redriver, publisher, clock = setup(store, store_clock, failures=1)
+    first = run.process(event_message(uuid.uuid4().hex))
+    clock.advance(61)
+    publisher.failures = 1
+    report = redriver.sweep()
+    assert (report.failed, report.republished) == (1, 0) and publisher.take() == []
+    record = store.get(first.key) or {}
+    assert (record["event_status"], record["retryable"]) == ("FAILED", True)
+    assert redriver.sweep().republished == 0  # not due before the backoff
+    clock.advance(61)
+    assert redriver.sweep().republished == 1 and len(publisher.take()) == 1
+
+
 def test_the_redrive_cap_gives_an_event_up_for_good(
         store: EventStore, store_clock: StoreClock) -> None:
     run, redriver, publisher, clock = setup(store, store_clock, failures=10, redrive_max=2)

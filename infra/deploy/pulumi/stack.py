@@ -18,7 +18,10 @@ What it wires (see ``infra/deploy/README.md``):
 * with ``consumer`` ``pull`` or ``both``, the pull worker beside or instead of the push
   handler: its subscription, identity, worker pool and alerts (``worker.py``);
 * the app's public topics with their schemas, and each declared consumer's own
-  subscription and grant (``public.py``).
+  subscription and grant (``public.py``);
+* with ``archive`` on, the archive past retention: a bucket of Avro files written by a Cloud
+  Storage subscription, a BigQuery table written by a BigQuery subscription, and the Pub/Sub
+  service agent's grants on them (``archive.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, TypeVar
 
+import archive
 import public
 import pulumi
 import pulumi_gcp as gcp
@@ -120,6 +124,15 @@ class DeployConfig:
     # Public topics (public.py): the contract files, and who consumes which topic.
     public_contracts: str = ""
     public_consumers: tuple[str, ...] = ()
+    # The archive past retention (archive.py): opt-in; a bucket, and BigQuery unless turned off.
+    archive: bool = False
+    archive_days: int = 365
+    """Days an archived message is kept: the bucket's lifecycle rule, the table's partitions."""
+    archive_bucket: str = ""
+    archive_location: str = ""
+    archive_file_seconds: int = 300
+    archive_bigquery: bool = True
+    archive_dataset: str = ""
 
     def __post_init__(self) -> None:
         problems = config_problems(self)
@@ -219,7 +232,7 @@ def config_problems(c: DeployConfig) -> list[str]:
         "breakerAlertSeconds must be >= 60": c.breaker_alert_seconds >= 60,
     }
     return [rule for rule, holds in rules.items() if not holds] + worker.config_problems(c) + \
-        public.config_problems(c)
+        public.config_problems(c) + archive.config_problems(c)
 
 
 def camel(name: str) -> str:
@@ -283,6 +296,8 @@ class _Stack:
         if self.c.pull_enabled:
             worker.declare(self)
         public.declare(self)  # after the worker: its account publishes forwards too
+        if self.c.archive:
+            archive.declare(self)
         for spec in self.c.jobs:
             self.scheduled_job(spec)
         if self.c.push_enabled:
@@ -597,6 +612,7 @@ def exports(config: DeployConfig, resources: Resources) -> dict[str, Any]:
         **worker.exports(config),
         "publicTopics": sorted(public.manifest(config)),
         "publicSubscriptions": [k.subscription for k in public.consumers(config)],
+        **archive.exports(config),
     }
     if not config.push_enabled:
         return common

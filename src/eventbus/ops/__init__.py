@@ -3,7 +3,8 @@
 * read: ``operations`` (seed 002's queries), ``backoff`` (``eventbus retries``),
   ``cascade`` (``eventbus trace``), ``progress`` (the status table, a
   cascade's progress), ``render`` (escaped text, tables, JSON);
-* repair: ``replay``, ``correct`` (edit and retry);
+* repair: ``replay``, ``correct`` (edit and retry), ``archive`` (the messages a
+  Cloud Storage subscription archived, read back as deliveries);
 * input: ``specs`` (event specs to publish), ``jsonfile`` (an operator's JSON);
 * the console script: ``cli``, ``commands`` (one module per command family),
   ``config`` (the operator settings and the ``.env`` file, read by python-dotenv).

@@ -111,21 +111,28 @@ class Redriver:
             return
         try:
             message = build(record, self.locate)
-            self.publisher.publish_message(message.data, message.attributes,
-                                           ordering_key=message.ordering_key)
         except NotReplayable as exc:
             # Most likely the sweeper runs without the service's router
             # (EVENTBUS_APP): never give an event up for our own misconfiguration.
             logger.error("redrive of %s not possible here: %s", key, exc)
             report.failed += 1
             return
+        # Counted before the publish, not after: the republished message may be processed
+        # (SUCCESS) before a later mark could match, and a mark first is also the fence that
+        # lets one sweeper of several publish it. A failed publish leaves the record due
+        # again after the backoff, so nothing is lost.
+        if not self.store.mark_redriven(key, redrives, now + self._backoff(spent)):
+            report.skipped += 1
+            return
+        try:
+            self.publisher.publish_message(message.data, message.attributes,
+                                           ordering_key=message.ordering_key)
         except PublishError as exc:
-            logger.warning("redrive of %s not published: %s", key, exc)
+            logger.warning("redrive of %s not published (due again after the backoff): %s",
+                           key, exc)
             report.failed += 1
             return
-        counted = self.store.mark_redriven(key, redrives, now + self._backoff(spent))
-        report.republished += 1 if counted else 0
-        report.skipped += 0 if counted else 1
+        report.republished += 1
         logger.info("redrove %s (redrive %d)", key, redrives + 1)
 
     def _backoff(self, redrives: int) -> timedelta:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import runpy
@@ -71,7 +72,8 @@ BOTH = replace(RUN, consumer="both", pull_event_types=("PARTNER_NOTIFY", "OR_MGM
                pull_exactly_once=True,
                public_consumers=(f"fulfilment:order-status:v2:{FULFILMENT}",
                                  "audit:order-status:*:group:audit@acme.example"))
-CONFIGS = {"run": RUN, "function": FUNCTION, "pull": PULL, "both": BOTH}
+ARCHIVE = replace(RUN, archive=True)
+CONFIGS = {"run": RUN, "function": FUNCTION, "pull": PULL, "both": BOTH, "archive": ARCHIVE}
 
 
 # -- recording under mocks ------------------------------------------------------------------
@@ -564,6 +566,74 @@ def public_checks(c: Any) -> dict[str, Check]:
     return checks
 
 
+def archive_checks(c: Any) -> dict[str, Check]:
+    """The archive: a bucket of Avro files, a BigQuery table, and what Pub/Sub may do to them."""
+    archive, sub = stack.archive, "pubsub/subscription:Subscription"
+    bucket, grant = archive.bucket_name(c), "storage/bucketIAMMember:BucketIAMMember"
+    location = c.archive_location or c.region
+    on_topic = {"topic": topic_path(c, c.topic), "expirationPolicy.ttl": "",
+                "messageRetentionDuration": f"{c.retention_seconds}s"}
+
+    def backlog(subscription: str) -> Check:
+        return some("monitoring/alertPolicy:AlertPolicy",
+                    {"notificationChannels": list(c.notification_channels)},
+                    where=lambda i: f'subscription_id="{subscription}"'
+                    in dig(i, "conditions")[0]["conditionThreshold"]["filter"])
+
+    checks = {
+        "archive bucket: private, deleted after archiveDays": some(
+            "storage/bucket:Bucket", {"name": bucket, "location": location,
+                                      "uniformBucketLevelAccess": True,
+                                      "publicAccessPrevention": "enforced"},
+            where=lambda i: i.get("lifecycleRules") == [
+                {"action": {"type": "Delete"}, "condition": {"age": c.archive_days}}]),
+        "archive subscription: Avro with metadata, not the topic's schema, into the bucket": some(
+            sub, {**on_topic, "name": archive.storage_subscription(c),
+                  "cloudStorageConfig.bucket": bucket,
+                  "cloudStorageConfig.filenamePrefix": f"{c.topic}/",
+                  "cloudStorageConfig.avroConfig.writeMetadata": True,
+                  "cloudStorageConfig.avroConfig.useTopicSchema": False}),
+        "archive subscription: a file per archiveFileSeconds, within its ack deadline": some(
+            sub, {"name": archive.storage_subscription(c),
+                  "cloudStorageConfig.maxDuration": f"{c.archive_file_seconds}s",
+                  "ackDeadlineSeconds": c.archive_file_seconds}),
+        "Pub/Sub service agent: objectCreator on the archive bucket": some(
+            grant, {"bucket": bucket, "role": "roles/storage.objectCreator", "member": AGENT}),
+        "Pub/Sub service agent: legacyBucketReader on the archive bucket": some(
+            grant, {"bucket": bucket, "role": "roles/storage.legacyBucketReader",
+                    "member": AGENT}),
+        "runtime: objectViewer on the archive bucket": some(
+            grant, {"bucket": bucket, "role": "roles/storage.objectViewer",
+                    "member": member(c.runtime_service_account_id, c)}),
+        "alert: the archive subscription's backlog": backlog(archive.storage_subscription(c)),
+    }
+    if not c.archive_bigquery:
+        return checks
+    dataset, table = archive.dataset_id(c), f"{c.project}.{archive.dataset_id(c)}.messages"
+    return {
+        **checks,
+        "archive dataset": some("bigquery/dataset:Dataset",
+                                {"datasetId": dataset, "location": location}),
+        "archive table: the metadata columns, partitioned by publish time": some(
+            "bigquery/table:Table",
+            {"datasetId": dataset, "tableId": "messages", "deletionProtection": True,
+             "timePartitioning.field": "publish_time",
+             "timePartitioning.expirationMs": c.archive_days * 86_400_000},
+            where=lambda i: [(f["name"], f["type"]) for f in json.loads(i["schema"])] == [
+                ("subscription_name", "STRING"), ("message_id", "STRING"),
+                ("publish_time", "TIMESTAMP"), ("data", "BYTES"), ("attributes", "JSON")]),
+        "BigQuery subscription: metadata, not the topic's schema, into the table": some(
+            sub, {**on_topic, "name": archive.bigquery_subscription(c),
+                  "bigqueryConfig.table": table, "bigqueryConfig.writeMetadata": True,
+                  "bigqueryConfig.useTopicSchema": False}),
+        "Pub/Sub service agent: dataEditor on the archive table": some(
+            "bigquery/iamMember:IamMember",
+            {"datasetId": dataset, "tableId": "messages", "role": "roles/bigquery.dataEditor",
+             "member": AGENT}),
+        "alert: the BigQuery subscription's backlog": backlog(archive.bigquery_subscription(c)),
+    }
+
+
 def expectations(config: Any) -> dict[str, Check]:
     """Every piece of wiring a deployment of ``config`` must have, by description."""
     jobs = [job_checks(config, spec) for spec in config.jobs]
@@ -574,6 +644,8 @@ def expectations(config: Any) -> dict[str, Check]:
         checks |= {**target, **alert_checks(config)}
     if config.pull_enabled:
         checks |= worker_checks(config)
+    if config.archive:
+        checks |= archive_checks(config)
     return checks
 
 
