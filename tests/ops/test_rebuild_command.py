@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.conftest import Bus
+from tests.ops.conftest import Bus, routes
 
 APP = "tests.ops.conftest:routes"
 
@@ -84,3 +84,62 @@ def test_a_bad_time_is_refused_by_the_parser(bus: Bus) -> None:
         bus.run("rebuild", "--app", APP, "--since", "yesterday-ish")
     assert stopped.value.code == 2
     assert bus.store.rebuild_runs(10) == []
+
+
+def _archive(root: Path) -> list[str]:
+    """Two SUB_MGMT messages in the subscription's layout, and a file cut short beside them."""
+    from tests.archive_files import avro_bytes, event_message, record, write_archive
+
+    messages = [event_message(n, event_type="SUB_MGMT") for n in (1, 2)]
+    write_archive(root / "2024-03-01" / "a.avro",
+                  [record(data, attributes, message_id=f"m-{n}")
+                   for n, (data, attributes) in enumerate(messages)])
+    (root / "2024-03-01" / "b.avro").write_bytes(avro_bytes([record(*messages[0])])[:-5])
+    return [bus_key(data, attributes) for data, attributes in messages]
+
+
+def bus_key(data: bytes, attributes: dict[str, str]) -> str:
+    """The key the processor gives a message (``record_key``: partner-scoped)."""
+    from eventbus.model.delivery import Delivery
+    from eventbus.processor.intake import Intake
+    from eventbus.store.memory import MemoryEventStore
+
+    return Intake(MemoryEventStore(), routes).locate(Delivery(data, attributes)).key
+
+
+def test_a_rebuild_from_an_archive_stores_the_events_without_records(
+        bus: Bus, tmp_path: Path) -> None:
+    keys = _archive(tmp_path)
+    code, out, err = bus.run("rebuild", "--from-archive", str(tmp_path), "--app", APP,
+                             "--dry-run")
+    assert code == 0, err
+    assert out.count("run (new record)") == 2 and "2 events would run again" in out
+    assert all(bus.store.get(key) is None for key in keys)
+    code, out, err = bus.run("rebuild", "--from-archive", str(tmp_path), "--app", APP,
+                             "--why", "restore", "--json")
+    report = json.loads(out)
+    assert code == 1, err  # the file cut short is a failure of the report
+    assert report["counts"]["rebuilt"] == 2
+    (failure,) = report["failures"]
+    assert failure["key"].startswith(f"{tmp_path}/2024-03-01/b.avro"), failure
+    assert failure["reason"].startswith("cannot be rebuilt: archive:"), failure
+    for key in keys:
+        record = bus.store.get(key)
+        assert record is not None and record["event_status"] == "SUCCESS", record
+        (entry,) = record["replays"]
+        assert entry["source"] == "archive" and entry["new_record"] is True
+        assert entry["why"] == "restore" and "lease_until" not in record
+    run = bus.store.rebuild_get(report["rebuild_id"])
+    assert run is not None and run["archive"] == str(tmp_path)
+    # Resumed, the same archive is read again and nothing runs twice.
+    code, out, err = bus.run("rebuild", "--resume", report["rebuild_id"], "--app", APP, "--json")
+    assert json.loads(out)["counts"]["rebuilt"] == 2, err
+    assert all(len((bus.store.get(key) or {})["replays"]) == 1 for key in keys)
+
+
+def test_an_archive_that_cannot_be_listed_is_one_line(bus: Bus, tmp_path: Path) -> None:
+    code, out, err = bus.run("rebuild", "--from-archive", str(tmp_path / "none"), "--app", APP)
+    assert code == 2 and "no such file or directory" in err
+    assert "Traceback" not in out + err and bus.store.rebuild_runs(10) == []
+    code, _, err = bus.run("rebuild", "--from-archive", "s3://bucket/x", "--app", APP)
+    assert code == 2 and "gs://" in err

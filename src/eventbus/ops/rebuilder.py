@@ -18,8 +18,12 @@ per batch, the handlers in replay mode. Around the batches it keeps:
 * **a rate** (``RateLimit``), **a progress line**, and **a report**: counts,
   each failure with its reason, each new child (emitted or not).
 
-``Source`` is what a second source (archived messages) implements: ``plan()``
-the keys in order, ``load(keys)`` their deliveries and records.
+``Source`` is what both sources implement: ``plan()`` the keys in order,
+``load(keys)`` their deliveries and records. ``StoredSource`` reads the
+store's SUCCESS records; ``ArchiveSource`` (``--from-archive``) reads the
+messages an archive holds (``eventbus.ops.archive``), for events whose
+records expired or never existed here: a key without a record runs as a new
+record (``eventbus.processor.replay_mode``), one with a record as a stored one.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Protocol
 from eventbus.model.delivery import Delivery
 from eventbus.model.outcome import Outcome
 from eventbus.model.status import Status
+from eventbus.processor.intake import Located
 from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.processor.work import Result
 from eventbus.store.base import Record
@@ -55,8 +60,18 @@ class Source(Protocol):
         """The keys to rebuild, in run order."""
         ...
 
-    def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record]]:
-        """The delivery and stored record of each key that can run (others are left out)."""
+    def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record | None]]:
+        """The delivery and stored record (None: none) of each key that can run."""
+        ...
+
+    @property
+    def missing(self) -> list[str]:
+        """Keys asked for by name that the source does not hold."""
+        ...
+
+    @property
+    def unreadable(self) -> list[tuple[str, str]]:
+        """What cannot be rebuilt (a key or a place, and why), listed as failures."""
         ...
 
 
@@ -107,13 +122,13 @@ class StoredSource:
             rows = self.store.find_events(query, limit=self.limit, fields=list(PLAN_FIELDS))
         return run_order(rows)
 
-    def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record]]:
+    def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record | None]]:
         """The keys' records (read a page ahead) as the deliveries they came from."""
         wanted = [key for key in keys if key not in self._cache]
         if wanted:
             self._cache.update({str(r["idempotency_key"]): r
                                 for r in self.store.get_many(wanted)})
-        out = []
+        out: list[tuple[Delivery, Record | None]] = []
         for key in keys:
             record = self._cache.pop(key, None)
             if record is None:
@@ -130,6 +145,92 @@ class StoredSource:
         if wanted:
             self._cache.update({str(r["idempotency_key"]): r
                                 for r in self.store.get_many(wanted)})
+
+
+class ArchiveSource:
+    """The messages of an archive (``read_archive``: a directory or ``gs://`` prefix).
+
+    ``plan()`` reads the whole archive once, keeps the selected messages'
+    deliveries (the selection's filters on the event, ``since``/``until`` on the
+    publish time, its keys if given; the first copy of a key the archive holds
+    twice), and lists every ``ArchiveProblem``, and every message that cannot
+    run (a child whose parent has no record, an unknown type), in
+    ``unreadable``: each is one failure of the report, and nothing else stops.
+    The kept messages are held in memory, so a year's archive is best read a
+    prefix (days) or a filter at a time. ``load(keys)`` pairs each with its
+    stored record, or None: a new record.
+    """
+
+    def __init__(self, store: Any, path: str, locate: Callable[[Delivery], Located], *,
+                 selection: Selection | None = None, storage_client: Any = None,
+                 page: int = 500) -> None:
+        self.store, self.path, self.locate, self.page = store, path, locate, page
+        self.selection, self.storage_client = selection, storage_client
+        self.missing: list[str] = []
+        self.unreadable: list[tuple[str, str]] = []
+        self.event_types: dict[str, str] = {}
+        self._deliveries: dict[str, Delivery] = {}
+
+    def plan(self) -> list[str]:
+        """The selected messages' keys in run order (``run_order``, by publish time)."""
+        from eventbus.ops.archive import ArchiveProblem, read_archive, to_delivery
+
+        rows: list[dict[str, Any]] = []
+        self._deliveries, self.unreadable, self.missing = {}, [], []
+        for found in read_archive(self.path, storage_client=self.storage_client):
+            if isinstance(found, ArchiveProblem):
+                self.unreadable.append(_where(found))
+                continue
+            delivery = to_delivery(found)
+            if isinstance(delivery, ArchiveProblem):
+                self.unreadable.append(_where(delivery))
+                continue
+            located = self.locate(delivery)
+            if located.error is not None or located.event is None:
+                self.unreadable.append((f"{found.file} record {found.index}",
+                                        f"not rebuildable: {located.error}"))
+                continue
+            if located.key in self._deliveries or not self._selected(located, found.publish_time):
+                continue  # the archive is at-least-once: a second copy is the same event
+            self._deliveries[located.key] = delivery
+            self.event_types[located.key] = located.event.event_type
+            order = located.order
+            rows.append({"idempotency_key": located.key,
+                         "created": found.publish_time.isoformat(),
+                         "order": {"entity_key": order.entity_key, "position": order.position}
+                         if order is not None else None})
+        if self.selection is not None and self.selection.keys:
+            self.missing = [key for key in self.selection.keys if key not in self._deliveries]
+        return run_order(rows)
+
+    def _selected(self, located: Located, published: datetime) -> bool:
+        selection = self.selection
+        if selection is None:
+            return True
+        if selection.keys and located.key not in selection.keys:
+            return False
+        query, event = selection.query, located.event
+        assert event is not None
+        entity = event.entity_metadata
+        wanted = ((query.event_type, event.event_type), (query.partner_id, entity.partner_id),
+                  (query.entity_type, entity.entity_type), (query.entity_id, entity.entity_id))
+        if any(asked is not None and asked != value for asked, value in wanted):
+            return False
+        return (query.since is None or published >= query.since) and \
+            (query.until is None or published < query.until)
+
+    def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record | None]]:
+        """Each key's archived delivery and its stored record (None: none), one read."""
+        held = [key for key in keys if key in self._deliveries]
+        records = {str(r.get("idempotency_key")): r
+                   for r in self.store.get_many(held)} if held else {}
+        return [(self._deliveries[key], records.get(key)) for key in held]
+
+
+def _where(problem: Any) -> tuple[str, str]:
+    """An ``ArchiveProblem`` as a report's failure: where (file, record), and why."""
+    text = str(problem)
+    return text[:len(text) - len(problem.reason) - 2], f"archive: {problem.reason}"
 
 
 def delivery_of(record: Mapping[str, Any]) -> Delivery:
@@ -263,7 +364,7 @@ class Rebuild:
             if self.monotonic() - saved_at >= 1.0:
                 self._save("running")
                 saved_at = self.monotonic()
-        for key, why in getattr(self.source, "unreadable", []):
+        for key, why in self.source.unreadable:
             self.report.counts["failed"] += 1
             self.report.failures.append({"key": key, "reason": f"cannot be rebuilt: {why}"})
         self._save("finished")
@@ -304,8 +405,8 @@ class Rebuild:
         self.store.rebuild_save(self.run_document)
 
 
-def _keyed(result: Result, record: Mapping[str, Any]) -> Result:
-    if result.key:
+def _keyed(result: Result, record: Mapping[str, Any] | None) -> Result:
+    if result.key or record is None:
         return result
     return dataclasses.replace(result, key=str(record.get("idempotency_key")))
 
@@ -316,8 +417,15 @@ def _chunks(keys: Sequence[str], size: int) -> Iterator[list[str]]:
 
 
 def new_run(*, by: str, why: str, started: datetime, selection: Selection,
-            flags: Mapping[str, bool], rebuild_id: str | None = None) -> dict[str, Any]:
-    """The run document of a new rebuild (its id is a fresh ``rb-…`` unless given)."""
-    return {"rebuild_id": rebuild_id or f"rb-{uuid.uuid4().hex[:12]}", "by": by, "why": why,
-            "started": started, "selection": selection.to_json(), "flags": dict(flags),
-            "status": "planned"}
+            flags: Mapping[str, bool], rebuild_id: str | None = None,
+            archive: str | None = None) -> dict[str, Any]:
+    """The run document of a new rebuild (its id is a fresh ``rb-…`` unless given).
+
+    ``archive``: the ``--from-archive`` path, so ``--resume`` reads the same archive.
+    """
+    run = {"rebuild_id": rebuild_id or f"rb-{uuid.uuid4().hex[:12]}", "by": by, "why": why,
+           "started": started, "selection": selection.to_json(), "flags": dict(flags),
+           "status": "planned"}
+    if archive is not None:
+        run["archive"] = archive
+    return run

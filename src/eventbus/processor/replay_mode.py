@@ -20,6 +20,18 @@ What differs for the handler (``eventbus.model.replaying``):
   ``emit_new``; forwards are published again only with ``forward``;
 * a handler that raises leaves the record SUCCESS as it was; the audit entry
   says ``failed`` with the error, and the result is REJECTED with the reason.
+
+An event with **no stored record** (read back from an archive, its record
+expired or never made here: ``rebuild(pairs)`` with the record None) has no
+lease to take: it goes through the live claim (``claim_many``: a new record,
+PENDING under a claim lease, renewed as live) and the live finish, SUCCESS
+with its audit entry (``source: archive``, ``new_record: true``) as the
+record's first ``replays`` entry, and its children and forwards as above
+(new, so kept only with ``emit_new``/``forward``). It has no first result
+for a guarded call unless the guard's own record outlived it, so such calls
+are refused without ``new_calls``; a refused or failed run stores the record
+FAILED for good with the same audit entry, so nothing runs it by itself
+later (``eventbus replay KEY`` runs it live, partner calls included).
 """
 
 from __future__ import annotations
@@ -54,6 +66,10 @@ from eventbus.store.base import (
 )
 from eventbus.store.documents import rebuilds
 
+ARCHIVE_FORM = "archive"
+"""``Delivery.form`` of a message read back from an archive (``eventbus.ops.archive.FORM``;
+named here because the processor never imports the operator tools)."""
+
 
 class ReplayStore(ProcessorStore, RebuildStore, Protocol):
     """What the processor uses in replay mode: its own primitives and the rebuild's."""
@@ -64,15 +80,22 @@ class _RebuildLeases:
 
     def __init__(self, store: ReplayStore) -> None:
         self._store = store
+        self.fresh = set()
 
     @property
     def lease(self) -> timedelta:
         """The claim's lease length."""
         return self._store.lease
 
+    fresh: set[str]
+    """Keys claimed as new records (no stored record): their leases are claims."""
+
     def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
-        """Renew rebuild leases (not claims)."""
-        return self._store.rebuild_renew_many(owners, now)
+        """Renew rebuild leases, and the live claims of new records."""
+        claims = {key: owner for key, owner in owners.items() if key in self.fresh}
+        leases = {key: owner for key, owner in owners.items() if key not in self.fresh}
+        held = self._store.rebuild_renew_many(leases, now) if leases else set()
+        return held | (self._store.renew_many(claims, now) if claims else set())
 
     def renew_entities(self, holders: Mapping[str, str], now: datetime) -> set[str]:
         """Renew entity holds, as live."""
@@ -100,46 +123,74 @@ class ReplayProcessor(Processor):
 
     def __init__(self, store: ReplayStore, router: Router, settings: Settings, now: Clock,
                  replay: Replay, **options: Any) -> None:
+        self._leases = _RebuildLeases(store)
         super().__init__(store, router, settings, now,
-                         heartbeat=Heartbeat(_RebuildLeases(store), now=now), **options)
+                         heartbeat=Heartbeat(self._leases, now=now), **options)
         self.rebuilds, self.replay = store, replay
         self.guard = ReplayGuard(store, lease=store.lease, now=now,
                                  keep=self.heartbeat.guarding, new_calls=replay.new_calls)
         if not replay.new_calls:
             self.partners.refused = "a rebuild makes it only with --allow-new-calls"
-        self._records: dict[int, Record] = {}
+        self._records: dict[int, Record | None] = {}
+        self._asked_new: set[str] = set()
 
-    def rebuild(self, pairs: Sequence[tuple[Delivery, Record]]) -> list[Result]:
-        """Run each stored record's delivery again in replay mode; one ``Result`` each."""
+    @property
+    def _fresh(self) -> set[str]:
+        """The keys of this batch claimed as new records (shared with the heartbeat)."""
+        return self._leases.fresh
+
+    def rebuild(self, pairs: Sequence[tuple[Delivery, Record | None]]) -> list[Result]:
+        """Run each delivery again in replay mode; one ``Result`` each.
+
+        A pair's record is the stored record as read (leased for the rebuild), or
+        None when there is none: a new record through the live claim (module docstring).
+        """
         self._records = {id(delivery): record for delivery, record in pairs}
         try:
             return self.run([delivery for delivery, _ in pairs])
         finally:
-            self._records = {}
+            self._records, self._asked_new = {}, set()
+            self._fresh.clear()
 
     # -- the stages' replay forms ---------------------------------------------------------
     def _claim_batch(self, wanted: list[Item]) -> BatchClaim:
         asked: dict[str, Record] = {}
+        new: dict[str, Mapping[str, Any]] = {}
         for item in wanted:
             record = self._records.get(id(item.delivery))
             assert item.located is not None and item.located.route is not None
-            if record is None or record.get("idempotency_key") != item.key:
-                item.result = _skipped(item, "the stored event lands on another key now")
-            elif item.located.route.replay == "skip":
+            if item.located.route.replay == "skip":
                 item.result = _skipped(item, 'its route says replay="skip"')
+            elif record is None and id(item.delivery) in self._records:
+                new[item.key] = item.located.fields
+            elif record is None or record.get("idempotency_key") != item.key:
+                item.result = _skipped(item, "the stored event lands on another key now")
             else:
                 asked[item.key] = record
         taken = [item for item in wanted if item.result is None]
         batch = self.rebuilds.rebuild_claim_many(asked, self.replay.rebuild_id, self.now()) \
             if asked else BatchClaim({}, {})
+        if new:  # no stored record: the live claim makes one (PENDING, a claim lease)
+            self._asked_new = set(new)
+            made = self.store.claim_many(new, self.now())
+            self._fresh.update(made.taken)
+            batch = BatchClaim({**batch.taken, **made.taken}, {**batch.records, **made.records},
+                               batch.refused | made.refused)
         # Items decided above are not claimed: ``_claim`` reads only what it was given.
         gone = {item.key for item in wanted if item not in taken}
-        return BatchClaim(batch.taken, {k: r for k, r in batch.records.items() if k not in gone})
+        return BatchClaim(batch.taken, {k: r for k, r in batch.records.items() if k not in gone},
+                          batch.refused)
 
     def _not_taken(self, item: Item, record: Mapping[str, Any] | None,
                    refused: bool) -> Result:
         if item.result is not None:
             return item.result
+        if refused:
+            return _skipped(item, "the store refuses its record's content")
+        if item.key in self._asked_new:
+            why = "its claim was taken meanwhile" if record is None else \
+                f"a record was stored meanwhile ({record.get('event_status')})"
+            return _skipped(item, f"{why}: rebuild it from the store")
         if record is None:
             return _skipped(item, "no such record any more")
         if rebuilds.rebuilt_by(record, self.replay.rebuild_id):
@@ -189,18 +240,30 @@ class ReplayProcessor(Processor):
                 else:
                     candidates.append(forward)
                 forwarded.append(str(forward["idempotency_key"]))
-        entry = {**self.replay.audit(), "outcome": "rebuilt", "attempt": item.claim.attempt,
+        entry = {**self._audit(item), "outcome": "rebuilt", "attempt": item.claim.attempt,
                  "children": {"duplicates": duplicates, "changed": changed},
                  "forwarded": forwarded}
         result = Result(Outcome.PROCESSED, key=item.key, event_type=item.event_type,
                         attempt=item.claim.attempt, children=len(context.children))
-        return _Rerun(Finish(item.key, item.claim.owner), result, entry=entry,
-                      candidates=candidates, relayed=relayed)
+        # A new record gets the order fields a live SUCCESS stores (never the entity's).
+        return _Rerun(Finish(item.key, item.claim.owner,
+                             extra=extra if item.key in self._fresh else None), result,
+                      entry=entry, candidates=candidates, relayed=relayed)
+
+    def _audit(self, item: Item) -> dict[str, Any]:
+        """The rebuild's audit fields, and where the event came from when not the store."""
+        entry = self.replay.audit()
+        if item.delivery.form == ARCHIVE_FORM:
+            entry["source"] = "archive"
+            entry["message_id"] = item.delivery.message_id
+        if item.key in self._fresh:
+            entry["new_record"] = True
+        return entry
 
     def _failure(self, item: Item, exc: Exception) -> Pending:
         assert item.claim is not None
         error = documents.error_document(exc, self.classifier.classify(exc).value)
-        entry = {**self.replay.audit(), "outcome": "failed", "attempt": item.claim.attempt,
+        entry = {**self._audit(item), "outcome": "failed", "attempt": item.claim.attempt,
                  "error": error}
         result = Result(Outcome.REJECTED, key=item.key, event_type=item.event_type,
                         attempt=item.claim.attempt, error=brief(exc),
@@ -213,17 +276,26 @@ class ReplayProcessor(Processor):
         # One read for the whole batch, and only when some child is not in its outbox.
         existing = {str(r.get("idempotency_key")) for r in self.store.get_many(asked)} \
             if asked else set()
-        finishes = []
+        finishes, claims = [], []
         for item in waiting:
             pending = item.pending
             assert pending is not None
             if isinstance(pending, _Rerun):
-                finishes.append(self._settled(pending, existing))
+                finish = self._settled(pending, existing)
             else:  # its entity was busy: the lease goes back untouched
-                finishes.append(dataclasses.replace(pending.finish, unclaim=True))
-        done = self.rebuilds.rebuild_finish_many(finishes, self.now())
-        if releases:  # the entities' holds; the position is never moved by a rebuild
-            self.store.finish_many([], self.now(), releases)
+                finish = dataclasses.replace(pending.finish, unclaim=True)
+            if item.key in self._fresh:
+                claims.append(_live(finish, pending))
+            else:
+                finishes.append(finish)
+        done = self.rebuilds.rebuild_finish_many(finishes, self.now()) if finishes \
+            else Finished()
+        if claims or releases:
+            # New records' live finishes, and the entities' holds (a rebuild never
+            # moves an entity's position: its releases carry none), in one round trip.
+            live = self.store.finish_many(claims, self.now(), releases)
+            done = Finished(done.lost | live.lost, done.refused | live.refused,
+                            done.unreleased | live.unreleased)
         return done
 
     def _settled(self, rerun: _Rerun, existing: set[str]) -> Finish:
@@ -242,12 +314,24 @@ class ReplayProcessor(Processor):
         append = tuple(new) if self.replay.emit_new else tuple(
             c for c in new if is_forward(c) and self.replay.forward)
         rerun.relayed.extend(append)
-        return Finish(rerun.finish.key, rerun.finish.owner, outbox=append, audit=rerun.entry)
+        return dataclasses.replace(rerun.finish, outbox=append, audit=rerun.entry)
 
     def _relayed(self, item: Item) -> Sequence[Mapping[str, Any]]:
         pending = item.pending
         return pending.relayed if isinstance(pending, _Rerun) and any(
             entry.get("status") == Status.PENDING for entry in pending.relayed) else ()
+
+
+def _live(finish: Finish, pending: Pending) -> Finish:
+    """The live finish of a new record: SUCCESS (or FAILED for good) with its audit entry."""
+    if finish.unclaim or finish.audit is None:
+        return finish
+    audit = {"replays": [dict(finish.audit)]}
+    if isinstance(pending, _Rerun) and pending.entry.get("outcome") == "failed":
+        error = pending.entry.get("error") or {}
+        return Finish(finish.key, finish.owner, error=error, retryable=False, extra=audit)
+    return Finish(finish.key, finish.owner, outbox=finish.outbox,
+                  extra={**dict(finish.extra or {}), **audit})
 
 
 def _skipped(item: Item, why: str) -> Result:

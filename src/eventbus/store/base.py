@@ -95,7 +95,8 @@ class Finish:
     retryable: bool = False
     redrive_at: datetime | None = None
     extra: Mapping[str, Any] | None = None
-    """More fields stored with SUCCESS (``order``, ``stale`` of an ordered event)."""
+    """More fields stored with the outcome: SUCCESS's ``order`` and ``stale`` of an ordered
+    event, a rebuild's ``replays`` entry of a new record (SUCCESS or FAILED)."""
     unclaim: bool = False
     """Give the claim back untouched (its entity is busy): PENDING again, the attempt returned.
 

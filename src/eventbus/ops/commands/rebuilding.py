@@ -3,15 +3,24 @@
 Every input is checked before the store is touched, and every problem is one
 line and exit status 2, never a traceback: a keys file that cannot be read
 (missing, not UTF-8, a key that is not printable text), a time range whose
-start is not before its end, a reason that is not text.
+start is not before its end, a reason that is not text, an archive path that
+cannot be listed (a bad file or record in it is one failure of the report).
+
+``--from-archive PATH`` rebuilds from an archive's messages instead of the
+store's records (``ArchiveSource``): filters and ``--keys`` narrow it and are
+optional; an event with no record here is stored as a new record (SUCCESS,
+its audit entry ``source: archive, new_record: true``), its guarded calls
+refused without ``--allow-new-calls`` unless their results outlived it.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from eventbus.model.delivery import Delivery
 from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.ops import jsonfile
@@ -24,9 +33,19 @@ from eventbus.ops.commands.common import (
     rate,
     since,
 )
-from eventbus.ops.rebuilder import Rebuild, Report, Selection, StoredSource, new_run
+from eventbus.ops.rebuilder import (
+    ArchiveSource,
+    Rebuild,
+    Report,
+    Selection,
+    Source,
+    StoredSource,
+    new_run,
+)
 from eventbus.ops.render import safe, table
+from eventbus.processor.intake import Intake, Located
 from eventbus.processor.replay_mode import ReplayProcessor
+from eventbus.store.base import Record
 from eventbus.store.operator_queries import EventQuery
 from eventbus.workers.rate import RateLimit
 
@@ -47,6 +66,9 @@ def add(commands: Any) -> None:
     rebuild.add_argument("--keys", metavar="FILE",
                          help="a file of idempotency keys, one per line (- for stdin)")
     rebuild.add_argument("--resume", metavar="ID", help="go on with an interrupted rebuild")
+    rebuild.add_argument("--from-archive", metavar="PATH",
+                         help="rebuild from an archive's messages (a directory or "
+                              "gs://bucket/prefix) instead of the stored records")
     rebuild.add_argument("--why", default="", help="the reason, kept in every audit entry")
     rebuild.add_argument("--dry-run", action="store_true", help="list what would run")
     rebuild.add_argument("--rate", type=rate, help="at most N events per second, e.g. 50/s")
@@ -70,17 +92,18 @@ def cmd_rebuild(args: argparse.Namespace, tools: Tools) -> int:
     started = tools.now()
     if args.resume is not None:
         return _resume(args, tools, _text(args.resume, "--resume"))
-    selection = _selection(args, started)
+    archive = _opt(args.from_archive, "--from-archive")
+    selection = _selection(args, started, archive is not None)
     router = _router(args, tools)
     store = tools.store()
     flags = {"new_calls": args.allow_new_calls, "emit_new": args.emit_new,
              "forward": args.forward}
-    source = StoredSource(store, selection)
     if args.dry_run:
-        return _dry_run(args, tools, source, router)
+        source = _source(store, selection, archive, Intake(store, router).locate)
+        return _dry_run(args, tools, _planned(source), router)
     run = new_run(by=tools.ops.operator, why=why or "rebuilt from the command line",
-                  started=store.now(), selection=selection, flags=flags)
-    return _run(args, tools, router, run, source)
+                  started=store.now(), selection=selection, flags=flags, archive=archive)
+    return _run(args, tools, router, run)
 
 
 def _resume(args: argparse.Namespace, tools: Tools, rebuild_id: str) -> int:
@@ -88,13 +111,55 @@ def _resume(args: argparse.Namespace, tools: Tools, rebuild_id: str) -> int:
     run = store.rebuild_get(rebuild_id)
     if run is None:
         raise UsageError(f"no rebuild {safe(rebuild_id)!r} (see the console's Rebuilds)")
-    selection = Selection.from_json(run.get("selection") or {})
-    return _run(args, tools, _router(args, tools), run, StoredSource(store, selection))
+    return _run(args, tools, _router(args, tools), run)
 
 
-def _run(args: argparse.Namespace, tools: Tools, router: Router, run: dict[str, Any],
-         source: StoredSource) -> int:
+def _source(store: Any, selection: Selection, archive: str | None,
+            locate: Callable[[Delivery], Located]) -> Source:
+    if archive is None:
+        return StoredSource(store, selection)
+    return ArchiveSource(store, archive, locate, selection=selection)
+
+
+class _Planned:
+    """A source whose plan was read once already (the archive is listed before the run)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source, self.keys = source, source.plan()
+
+    def plan(self) -> list[str]:
+        """The plan read at start."""
+        return list(self.keys)
+
+    def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record | None]]:
+        """The source's ``load``."""
+        return self.source.load(keys)
+
+    @property
+    def missing(self) -> list[str]:
+        """The source's ``missing``."""
+        return self.source.missing
+
+    @property
+    def unreadable(self) -> list[tuple[str, str]]:
+        """The source's ``unreadable``."""
+        return self.source.unreadable
+
+
+def _planned(source: Source) -> _Planned:
+    """``source`` planned now: an archive that cannot be listed is one line, exit 2."""
+    from eventbus.ops.archive import ArchiveError
+
+    try:
+        return _Planned(source)
+    except ArchiveError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run(args: argparse.Namespace, tools: Tools, router: Router, run: dict[str, Any]) -> int:
     store, flags = tools.store(), run.get("flags") or {}
+    selection = Selection.from_json(run.get("selection") or {})
+    archive = run.get("archive")
     replay = Replay(str(run["rebuild_id"]), str(run["by"]), str(run["why"]), run["started"],
                     new_calls=bool(flags.get("new_calls")), emit_new=bool(flags.get("emit_new")),
                     forward=bool(flags.get("forward")))
@@ -105,6 +170,12 @@ def _run(args: argparse.Namespace, tools: Tools, router: Router, run: dict[str, 
         relay = Relay(store, tools.publisher(), now=store.now)
     processor = ReplayProcessor(store, router, tools.settings, store.now, replay,
                                 after_success=relay)
+    try:
+        source = _planned(_source(store, selection, str(archive) if archive else None,
+                                  processor.locate))
+    except UsageError:
+        processor.close()
+        raise
     job = Rebuild(store, processor, source, run, batch=args.batch,
                   limit=RateLimit(args.rate, burst=1) if args.rate else RateLimit(None),
                   progress=lambda report: _progress(tools, report))
@@ -126,8 +197,7 @@ def _progress(tools: Tools, report: Report) -> None:
           flush=True)
 
 
-def _report(args: argparse.Namespace, tools: Tools, report: Report,
-            source: StoredSource) -> None:
+def _report(args: argparse.Namespace, tools: Tools, report: Report, source: Source) -> None:
     lines = [f"rebuild {report.rebuild_id}: " + ", ".join(
         f"{count} {name}" for name, count in report.counts.items())]
     if report.failures:
@@ -141,22 +211,37 @@ def _report(args: argparse.Namespace, tools: Tools, report: Report,
     tools.emit({**report.to_json(), "missing": source.missing}, "\n".join(lines), args)
 
 
-def _dry_run(args: argparse.Namespace, tools: Tools, source: StoredSource,
+def _dry_run(args: argparse.Namespace, tools: Tools, source: _Planned,
              router: Router) -> int:
     keys = source.plan()
+    archived = isinstance(source.source, ArchiveSource)
     rows = []
     for start in range(0, len(keys), 500):
-        for _delivery, record in source.load(keys[start:start + 500]):
-            route = _route(router, str(record.get("event_type")))
-            rows.append([record.get("idempotency_key"), record.get("event_type"),
-                         "skip (replay=\"skip\")" if route == "skip" else
-                         "no handler" if route is None else "run"])
+        chunk = keys[start:start + 500]
+        for key, (_delivery, record) in zip(chunk, source.load(chunk), strict=False):
+            if archived:
+                assert isinstance(source.source, ArchiveSource)
+                event_type = source.source.event_types.get(key, "")
+            else:
+                assert record is not None
+                key, event_type = str(record.get("idempotency_key")), \
+                    str(record.get("event_type"))
+            route = _route(router, event_type)
+            would = "skip (replay=\"skip\")" if route == "skip" else \
+                "no handler" if route is None else "run"
+            if would == "run" and archived and record is None:
+                would = "run (new record)"
+            elif would == "run" and record is not None and \
+                    record.get("event_status") != "SUCCESS":
+                would = f"skip ({safe(str(record.get('event_status')))})"
+            rows.append([key, event_type, would])
     rows += [[key, "", f"cannot be rebuilt: {why}"] for key, why in source.unreadable]
-    running = sum(row[2] == "run" for row in rows)
+    running = sum(str(row[2]).startswith("run") for row in rows)
     text = (table(["key", "event_type", "would"], rows) if rows else "nothing to rebuild") + \
         f"\n\n{running} events would run again"
     text += "".join(f"\nno event with idempotency key {safe(key)!r}" for key in source.missing)
-    tools.emit({"dry_run": True, "keys": [row[0] for row in rows if row[2] == "run"],
+    tools.emit({"dry_run": True,
+                "keys": [row[0] for row in rows if str(row[2]).startswith("run")],
                 "missing": source.missing}, text, args)
     return 1 if source.missing else 0
 
@@ -168,14 +253,14 @@ def _route(router: Router, event_type: str) -> str | None:
         return None
 
 
-def _selection(args: argparse.Namespace, started: dt.datetime) -> Selection:
+def _selection(args: argparse.Namespace, started: dt.datetime, archive: bool) -> Selection:
     if args.since is not None and args.until is not None and args.since >= args.until:
         raise UsageError(f"--since ({args.since.isoformat()}) must be before --until "
                          f"({args.until.isoformat()})")
     filters = any(value is not None for value in (args.event_type, args.partner,
                                                   args.entity_type, args.entity_id, args.since,
                                                   args.until))
-    if args.keys is None and not filters:
+    if args.keys is None and not filters and not archive:
         raise UsageError("rebuild needs --keys FILE or at least one filter (--type, --partner, "
                          "--entity-type/--entity-id, --since/--until)")
     # The end is pinned at the start, so a resumed rebuild plans the same events.
