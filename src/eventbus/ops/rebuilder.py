@@ -29,6 +29,7 @@ record (``eventbus.processor.replay_mode``), one with a record as a stored one.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -429,3 +430,74 @@ def new_run(*, by: str, why: str, started: datetime, selection: Selection,
     if archive is not None:
         run["archive"] = archive
     return run
+
+
+QUIET = 300.0
+"""Seconds without a checkpoint after which a ``running`` rebuild is shown as quiet: the
+checkpoint is saved at least once a second while batches finish, so its process most
+likely stopped (``--resume`` goes on)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """One rebuild as the console lists it (``run_views``): plain, display-ready values."""
+
+    rebuild_id: str
+    status: str
+    by: str
+    why: str
+    started: str
+    ended: str
+    done: int
+    total: int
+    counts: dict[str, int]
+    source: str
+    """``store`` or the archive's path."""
+    flags: str
+    quiet: bool
+    """Running, but no checkpoint for ``QUIET`` seconds."""
+
+    @property
+    def percent(self) -> int:
+        """How far, 0 to 100."""
+        return 100 * self.done // self.total if self.total else 100
+
+
+def run_views(store: Any, now: datetime, limit: int = 50) -> list[RunView]:
+    """The ``limit`` newest rebuilds (``rebuild_runs``), running and finished, newest first."""
+    return [_run_view(run, now) for run in store.rebuild_runs(limit)]
+
+
+def _run_view(run: Mapping[str, Any], now: datetime) -> RunView:
+    counts = run.get("counts")
+    flags = run.get("flags")
+    updated = run.get("updated_at")
+    status = str(run.get("status") or "")
+    quiet = status == "running" and isinstance(updated, datetime) and \
+        (_aware(now) - _aware(updated)).total_seconds() > QUIET
+    return RunView(
+        rebuild_id=str(run.get("rebuild_id") or run.get("_id") or ""), status=status,
+        by=str(run.get("by") or ""), why=str(run.get("why") or ""),
+        started=_when(run.get("started")), ended=_when(run.get("ended")),
+        done=_count(run.get("done")), total=_count(run.get("total")),
+        counts={str(name): _count(value) for name, value in counts.items()}
+        if isinstance(counts, Mapping) else {},
+        source=str(run.get("archive") or "store"),
+        flags=", ".join(name for name, on in flags.items() if on)
+        if isinstance(flags, Mapping) else "",
+        quiet=quiet)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _aware(moment: datetime) -> datetime:
+    """A naive time (as BSON gives it back) is UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return _aware(value).strftime("%Y-%m-%d %H:%M:%SZ")
+    return "" if value is None else str(value)
