@@ -111,3 +111,22 @@ def test_run_documents_are_saved_read_back_and_listed_newest_first(
     assert found["counts"] == {"rebuilt": 5}
     assert [run["rebuild_id"] for run in store.rebuild_runs(10)] == ["rb-2", "rb-1"]
     assert store.rebuild_get("rb-none") is None
+
+
+def test_a_new_records_live_finish_keeps_its_audit_entry_succeeded_or_failed(
+        store: EventStore, now: datetime) -> None:
+    # An archive rebuild's new records: the live claim and finish, with ``replays`` as extra.
+    made, refused = new_key(), new_key()
+    batch = store.claim_many({made: FIELDS, refused: FIELDS}, now)
+    entry = {"by": "ops", "why": "$restore", "rebuild": "rb-9", "outcome": "rebuilt",
+             "source": "archive", "new_record": True}
+    failed = {**entry, "outcome": "failed", "error": ERROR}
+    done = store.finish_many([
+        Finish(made, batch.taken[made].owner, extra={"replays": [entry]}),
+        Finish(refused, batch.taken[refused].owner, error=ERROR, retryable=False,
+               extra={"replays": [failed]})], now)
+    assert not done.lost and not done.refused
+    record, failure = store.get(made) or {}, store.get(refused) or {}
+    assert record["event_status"] == SUCCESS and record["replays"] == [entry]
+    assert failure["event_status"] == FAILED and failure["retryable"] is False
+    assert failure["replays"] == [failed] and failure["error"]["type"] == ERROR["type"]
