@@ -55,7 +55,13 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from eventbus.model.errors import BreakerOpen, Classification, Classifier, RateLimited
+from eventbus.model.errors import (
+    BreakerOpen,
+    Classification,
+    Classifier,
+    RateLimited,
+    ReplayRefused,
+)
 from eventbus.settings import Settings
 from eventbus.store.base import PartnerStore
 from eventbus.store.documents.partner_documents import RateLimit
@@ -241,6 +247,10 @@ class Partner:
         The effect's transient failure counts toward opening the breaker;
         its return (or a permanent failure: the partner answered) closes it.
         """
+        if self.partners.refused:
+            # Replay mode: a call outside the guard may have run before; see model.replay.
+            raise ReplayRefused(f"partner call to {self.name!r} outside the guard: "
+                                f"{self.partners.refused}")
         seen = self._admit()
         self.partners.pace(self.name)
         try:
@@ -321,6 +331,8 @@ class Partners:
         ``time.sleep``.
         """
         self.store, self.settings = store, settings
+        self.refused = ""
+        """Set in replay mode without new calls: why ``Partner.call`` refuses."""
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
         self.sleep = sleep or getattr(now, "sleep", None) or time.sleep
