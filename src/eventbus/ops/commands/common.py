@@ -71,6 +71,20 @@ def since(text: str) -> dt.datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
+def duration(text: str) -> dt.timedelta:
+    """Parse a duration: ``90m``, ``2h``, ``7d``, or a number of seconds (``0`` allowed)."""
+    match = _SINCE.fullmatch(text.strip())
+    if match:
+        return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration like 90m or 2h: {text!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite duration, not negative: {text!r}")
+    return dt.timedelta(seconds=seconds)
+
+
 def positive(text: str) -> int:
     """Parse a whole number above zero."""
     try:

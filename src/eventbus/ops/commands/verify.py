@@ -5,6 +5,7 @@
                     [--keys FILE] [--limit 1000] [--allow-unverifiable] [--json]
     eventbus verify --sample FILE [--app ...] [--allow-unverifiable] [--json]
     eventbus verify --record-sample N [the filters above] > FILE
+    eventbus verify --from-archive PATH [the filters above] [--settle 1h] [--app ...]
 
 Stored SUCCESS events (selected like the other operator commands, newest
 ``--limit``, run oldest first) or a recorded sample's run through the app's
@@ -15,6 +16,15 @@ recorded; 1 for any difference, for an event that cannot be verified (not
 routed any more, the handler raised, it calls a partner outside the guard,
 a bad sample line) unless ``--allow-unverifiable``, or when nothing was
 verified at all; 2 for arguments or a file that cannot be used.
+
+``--from-archive PATH`` verifies the events an archive holds (a directory or
+``gs://bucket/prefix`` of the Cloud Storage subscription's Avro files,
+``eventbus.ops.verify.from_archive``): each against its stored record while the
+store has it, else against the children the archive holds for it (the
+forwards are not on the bus, so not compared). ``--since``/``--until`` select
+by publish time. An event with no record whose archive ends less than
+``--settle`` (default 1h) after it is unverifiable: its children may not be
+archived yet. Each bad file or record of the archive is one *unreadable* line.
 
 ``--record-sample N`` verifies N stored events the same way and writes them,
 with the parents and stored side-effect results they read, as a sample file
@@ -29,7 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from eventbus.model.router import Router
-from eventbus.ops.commands.common import Tools, UsageError, add_json, load_app, positive, since
+from eventbus.ops.commands.common import (
+    Tools,
+    UsageError,
+    add_json,
+    duration,
+    load_app,
+    positive,
+    since,
+)
 from eventbus.ops.render import safe, table, to_json
 from eventbus.ops.verify import (
     Report,
@@ -39,17 +57,26 @@ from eventbus.ops.verify import (
     parse_sample,
     sample_lines,
 )
+from eventbus.ops.verify.from_archive import (
+    SETTLE,
+    ArchiveLookups,
+    ArchiveVerifier,
+    index_archive,
+    select_archived,
+)
 from eventbus.store.operator_queries import EventQuery, matches
 from eventbus.workers.command import router_in
 
 DEFAULT_APP = "handlers:create_router"
 SUCCESS = ("SUCCESS",)
+_PAGE = 500
 
 
 def add(commands: Any) -> None:
     """Register ``verify`` on the ``eventbus`` sub-parsers."""
-    verify = commands.add_parser("verify", help="run stored events through the current code in "
-                                                "a sandbox; exit 1 if they emit otherwise")
+    verify = commands.add_parser("verify", help="run stored (or archived) events through the "
+                                                "current code in a sandbox; exit 1 if they emit "
+                                                "otherwise")
     verify.add_argument("--app", help="MODULE:ATTR of the app's Router, a function returning "
                                       "one, or a create_app app (default $EVENTBUS_APP, else "
                                       f"{DEFAULT_APP})")
@@ -58,15 +85,27 @@ def add(commands: Any) -> None:
                                                    "of the store")
     source.add_argument("--record-sample", type=positive, metavar="N",
                         help="verify N stored events and write them as a sample on stdout")
+    source.add_argument("--from-archive", metavar="PATH",
+                        help="verify the events of an archive (a directory or "
+                             "gs://bucket/prefix of the Cloud Storage subscription's Avro "
+                             "files): against the stored record while there is one, else "
+                             "against the children the archive holds")
     verify.add_argument("--type", dest="event_type", help="only this event_type")
     verify.add_argument("--partner", help="only this entity_metadata.partnerId")
     verify.add_argument("--entity-type", help="only this entity_metadata.entity_type")
     verify.add_argument("--entity-id", help="only this entity_metadata.entity_id")
-    verify.add_argument("--since", type=since, help="created since: 2h, 7d or an ISO time")
-    verify.add_argument("--until", type=since, help="created before: 2h, 7d or an ISO time")
+    verify.add_argument("--since", type=since, help="created (with --from-archive: "
+                                                    "published) since: 2h, 7d or an ISO time")
+    verify.add_argument("--until", type=since, help="created (published) before: 2h, 7d or "
+                                                    "an ISO time")
     verify.add_argument("--keys", type=Path, help="a file of idempotency keys, one per line")
     verify.add_argument("--limit", type=positive, default=1000,
                         help="at most N events, the newest (default 1000)")
+    verify.add_argument("--settle", type=duration, default=SETTLE,
+                        help="with --from-archive: an event with no stored record counts as "
+                             "having emitted only the children archived when the archive "
+                             "runs this long after it (default 1h; 90m, 2h, 0), else it is "
+                             "unverifiable")
     verify.add_argument("--allow-unverifiable", action="store_true",
                         help="exit 0 even when some events cannot be verified")
     add_json(verify)
@@ -76,6 +115,8 @@ def add(commands: Any) -> None:
 def cmd_verify(args: argparse.Namespace, tools: Tools) -> int:
     """Verify the sample or the selected stored events; print the report."""
     router = app_router(args.app or tools.ops.app or DEFAULT_APP)
+    if args.from_archive is not None:
+        return _print(from_archive(args, tools, router), args, tools)
     if args.sample is not None:
         sample = parse_sample(_read(args.sample), str(args.sample))
         report = Verifier(router, sample.lookups, tools.settings).run(sample.items)
@@ -93,6 +134,29 @@ def cmd_verify(args: argparse.Namespace, tools: Tools) -> int:
             print(line, file=tools.out)
         return _print(report, args, tools, out=tools.err)
     return _print(report, args, tools)
+
+
+def from_archive(args: argparse.Namespace, tools: Tools, router: Router) -> Report:
+    """The report of ``--from-archive``: the archive's problems, then each selected event."""
+    from eventbus.ops.archive import ArchiveError, read_archive
+
+    try:
+        index = index_archive(read_archive(args.from_archive))
+    except ArchiveError as exc:
+        raise UsageError(str(exc)) from None
+    keys = _keys(args.keys) if args.keys is not None else []
+    events, missing = select_archived(index, query(args), keys=keys, limit=args.limit)
+    store = tools.store()
+    stored: dict[str, Mapping[str, Any]] = {}
+    chosen = [event.key for event in events]
+    for start in range(0, len(chosen), _PAGE):
+        stored.update({_key(r): r for r in store.get_many(chosen[start:start + _PAGE])})
+    verifier = Verifier(router, ArchiveLookups(StoreLookups(store), index), tools.settings)
+    checker = ArchiveVerifier(verifier, index, stored, settle=args.settle)
+    report = Report(list(checker.verify(events)))
+    report.verdicts[:0] = [Verdict(key, "unverifiable", reason="not in the archive")
+                           for key in missing]
+    return report
 
 
 def app_router(spec: str) -> Router:
@@ -184,10 +248,14 @@ def report_text(report: Report) -> str:
     summary = (f"verified {sum(counts.values())} events: {counts['same']} same, "
                f"{counts['different']} different, {counts['unverifiable']} unverifiable, "
                f"{counts['unreadable']} unreadable, {counts['skipped']} skipped")
+    bases = [verdict.basis for verdict in report.verdicts if verdict.basis]
+    if bases:
+        summary += (f" ({bases.count('record')} against their stored record, "
+                    f"{bases.count('archive')} against the archive)")
     if not rows:
         return summary
     return table(["verdict", "key", "child", "what"], rows, whole=("key", "child", "what")) + \
         "\n\n" + safe(summary)
 
 
-__all__ = ["add", "app_router", "cmd_verify", "query", "report_text", "select"]
+__all__ = ["add", "app_router", "cmd_verify", "from_archive", "query", "report_text", "select"]

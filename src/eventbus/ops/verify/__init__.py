@@ -12,15 +12,18 @@ and public-topic forwards it would emit with the parent's stored outbox.
 * ``compare``: what an outbox emits (``Emitted``) and how two differ
   (``Difference``);
 * ``runner``: ``Verifier`` (one ``Verdict`` per record) and ``Report``;
-* ``sample``: the recorded sample file (JSON lines), read and written.
+* ``sample``: the recorded sample file (JSON lines), read and written;
+* ``from_archive``: ``--from-archive``: an archive's events, each against its
+  stored record while there is one, else against the children the archive holds.
 
 The input is any iterable of stored-record-like mappings (``Verifier.verify``):
-the store's records, a sample file's, or an archive's.
+the store's records, a sample file's, or an archive's stand-ins (``from_archive``).
 
 May import every layer below ``ops`` (the processor, the memory store, the
-model, ``eventbus.workers.rebuild``), ``eventbus.ops.render`` and
-``eventbus.ops.jsonfile``; never the web layer. Reads the real store only
-through ``get``, ``get_many``, ``guard_get`` and ``find_events``.
+model, ``eventbus.workers.rebuild``), ``eventbus.ops.render``,
+``eventbus.ops.jsonfile`` and ``eventbus.ops.archive``; never the web layer.
+Reads the real store only through ``get``, ``get_many``, ``guard_get`` and
+``find_events``.
 """
 
 from eventbus.ops.verify.compare import Difference, Emitted, compare, emitted

@@ -139,8 +139,11 @@ def _forward(entry: Mapping[str, Any]) -> Emitted:
     return Emitted(entry["idempotency_key"], kind, body, failed=failed)
 
 
-def compare(stored: Emits, now: Emits) -> list[Difference]:
-    """Every difference between the recorded outbox and the current code's, children first."""
+def compare(stored: Emits, now: Emits, *, forwards: bool = True) -> list[Difference]:
+    """Every difference between the recorded outbox and the current code's, children first.
+
+    ``forwards=False``: the children only (what was recorded holds no forwards).
+    """
     found: list[Difference] = []
     for index in range(max(len(stored.children), len(now.children))):
         old = stored.children[index] if index < len(stored.children) else None
@@ -153,6 +156,8 @@ def compare(stored: Emits, now: Emits) -> list[Difference]:
             found.append(Difference("changed", old, new, index))
         elif old.fingerprint != new.fingerprint:
             found.append(Difference("payload", old, new, index))
+    if not forwards:
+        return found
     for key in sorted(stored.forwards.keys() | now.forwards.keys()):
         was, is_now = stored.forwards.get(key), now.forwards.get(key)
         if is_now is None:

@@ -59,6 +59,9 @@ class Verdict:
     event_type: str = ""
     differences: tuple[Difference, ...] = ()
     reason: str = ""
+    basis: str = ""
+    """What it was compared with, when the input mixes sources: ``record`` (the stored
+    record) or ``archive`` (the children an archive holds); empty otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
@@ -66,6 +69,8 @@ class Verdict:
                                 "event_type": self.event_type}
         if self.reason:
             data["reason"] = self.reason
+        if self.basis:
+            data["basis"] = self.basis
         if self.differences:
             data["differences"] = [d.to_json() for d in self.differences]
         return data
@@ -133,8 +138,12 @@ class Verifier:
         """``verify`` into a ``Report``."""
         return Report(list(self.verify(records)))
 
-    def verify_one(self, record: Mapping[str, Any]) -> Verdict:
-        """The verdict of one stored record; never raises for what the record holds."""
+    def verify_one(self, record: Mapping[str, Any], *, forwards: bool = True) -> Verdict:
+        """The verdict of one stored record; never raises for what the record holds.
+
+        ``forwards=False`` compares the children only (an archive's stand-in
+        record: the forwards went to public topics, not to the archived bus).
+        """
         key = record.get("idempotency_key")
         if not isinstance(key, str) or not key:
             return Verdict("?", "unverifiable", reason="not a stored record: no idempotency_key")
@@ -147,13 +156,14 @@ class Verifier:
             return Verdict(key, "skipped", event_type, reason="given twice: verified once")
         self._seen.add(key)
         try:
-            return self._verify(key, event_type, record)
+            return self._verify(key, event_type, record, forwards)
         except Exception as exc:  # one hostile record must not stop the others' verdicts
             return Verdict(key, "unverifiable", event_type,
                            reason=f"verify could not run it: {type(exc).__name__}: "
                                   f"{error_text(exc, 300)}")
 
-    def _verify(self, key: str, event_type: str, record: Mapping[str, Any]) -> Verdict:
+    def _verify(self, key: str, event_type: str, record: Mapping[str, Any],
+                forwards: bool) -> Verdict:
         try:
             stored = emitted(record.get("outbox"))
         except Malformed as exc:
@@ -175,14 +185,14 @@ class Verifier:
             return Verdict(key, "unverifiable", event_type,
                            reason=f"the current code did not succeed ({result.outcome.value}"
                                   f"{why})")
-        return self._judged(key, event_type, stored, self.store.produced(key) or {})
+        return self._judged(key, event_type, stored, self.store.produced(key) or {}, forwards)
 
     def _judged(self, key: str, event_type: str, stored: Emits,
-                produced: Mapping[str, Any]) -> Verdict:
+                produced: Mapping[str, Any], forwards: bool) -> Verdict:
         if produced.get("stale"):
             return Verdict(key, "unverifiable", event_type,
                            reason="the sandbox ran it as stale (an older position)")
-        differences = tuple(compare(stored, emitted(produced.get("outbox"))))
+        differences = tuple(compare(stored, emitted(produced.get("outbox")), forwards=forwards))
         if not differences:
             return Verdict(key, "same", event_type)
         if self.store.stand_ins:
