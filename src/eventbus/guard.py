@@ -19,6 +19,14 @@ past its lease, so its renewals stop) after the effect started and before
 SUCCESS was stored. Passing the key on to the other side (an
 ``Idempotency-Key`` header) closes it.
 
+``await Guard.run_async(key, effect)`` is the same for an ``async def``
+handler: ``effect`` is an async callable, and the store calls (take, finish)
+go to a thread (``asyncio.to_thread``) so they never block the event loop. A
+hand-off costs about 0.1 ms against a store round trip's 1 to 2 ms (measured
+here, ``bench/async_partner.py``), and keeps one store client for both forms.
+A cancelled effect (shutdown) is recorded FAILED and its lease released, as
+any other failure.
+
 May import: ``eventbus.model``, ``eventbus.store.base`` and the pure builders of
 ``eventbus.store.documents``; it talks to the store only through
 ``guard_take`` and ``guard_finish``.
@@ -26,10 +34,11 @@ May import: ``eventbus.model``, ``eventbus.store.base`` and the pure builders of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,6 +47,8 @@ from eventbus.store.documents import error_document
 
 Effect = Callable[[], Mapping[str, Any] | None]
 """A side effect; what it returns (a mapping, or None for nothing) is stored as its result."""
+AsyncEffect = Callable[[], Awaitable[Mapping[str, Any] | None]]
+"""An async side effect (``Guard.run_async``): awaited, its result stored as ``Effect``'s."""
 Keeper = Callable[[str, str], contextlib.AbstractContextManager[Any]]
 """Keeps a guard's lease (key, owner) alive for a block: the processor's heartbeat."""
 
@@ -85,4 +96,23 @@ class Guard:
                                     result=error_document(exc, classify(exc)))
             raise
         self.store.guard_finish(key, owner, self.now(), succeeded=True, result=result)
+        return Guarded(key, result, skipped=False)
+
+    async def run_async(self, key: str, effect: AsyncEffect, *,
+                        classify: Callable[[BaseException], str] = lambda exc: "transient",
+                        ) -> Guarded:
+        """``run`` for an async ``effect``, awaited; the store calls run in a thread."""
+        owner = uuid.uuid4().hex
+        done = await asyncio.to_thread(self.store.guard_take, key, owner, self.now(), self.lease)
+        if done is not None:
+            return Guarded(key, dict(done.get("result") or {}), skipped=True)
+        try:
+            with self.keep(key, owner):
+                result = dict(await effect() or {})
+        except BaseException as exc:  # CancelledError too: the lease goes back at once
+            await asyncio.to_thread(self.store.guard_finish, key, owner, self.now(),
+                                    succeeded=False, result=error_document(exc, classify(exc)))
+            raise
+        await asyncio.to_thread(self.store.guard_finish, key, owner, self.now(), succeeded=True,
+                                result=result)
         return Guarded(key, result, skipped=False)
