@@ -16,6 +16,13 @@ and the store shows how far each notification went (``eventbus trace``).
 The call goes through the partner's breaker (``context.partner``): while a
 partner is down its notifications are parked and acked, and the redrive
 brings them back when its breaker lets a probe through.
+
+The notifier owns its HTTP clients, the library's, built once: the sync one
+on the app's session when the routes are built (``eventbus.deadline.Client``:
+a session that cannot honour the call's deadline is refused then, at
+start-up), the async one (``async_client``, for async handlers) on the app's
+``httpx.AsyncClient`` when given (checked at start-up too), else on a
+logging one made at its first use.
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 import requests
 from pymongo.errors import DuplicateKeyError
 
-from eventbus import Context, PermanentError, Router
+from eventbus import Context, PermanentError, Router, deadline
+from eventbus.correlation.async_session import logging_client
+from eventbus.deadline_async import AsyncClient
 from handlers.common import CONTENT_ERRORS, require
-from handlers.partners import PartnerClient, partner_url
+from handlers.partners import AsyncPartnerClient, PartnerClient, partner_url
 from handlers.settings import PartnerSettings
 
 NOTIFY = "PARTNER_NOTIFY"
@@ -42,28 +52,44 @@ def notify_partner(context: Context, kind: str, payload: Mapping[str, Any]) -> s
 
 
 class PartnerNotifier:
-    """The ``PARTNER_NOTIFY`` step, bound to the app's partner settings."""
+    """The ``PARTNER_NOTIFY`` step, bound to the app's partner settings and HTTP clients."""
 
-    def __init__(self, settings: PartnerSettings, session: requests.Session | None = None) -> None:
-        self.settings, self.session = settings, session
+    def __init__(self, settings: PartnerSettings, session: requests.Session | None = None,
+                 async_http: httpx.AsyncClient | None = None) -> None:
+        """Build the clients now: ``session`` or ``async_http`` that cannot be bounded by the
+        call's deadline raise ``eventbus.deadline.UnboundedSession`` here, at start-up."""
+        self.settings = settings
+        self.http = deadline.Client(session)
+        self._async_http = AsyncClient(async_http) if async_http is not None else None
 
     def __call__(self, context: Context) -> None:
         """Call the partner once for this event, then emit that it was sent."""
+        body = self.body(context)
+        delivered = self.client(context).deliver(context.key, lambda: self.url(context), body)
+        context.emit(SENT, {"kind": body["kind"], "payload": body["payload"],
+                            "notification": context.key, "statusCode": delivered.status_code},
+                     direction="OUT")
+
+    def body(self, context: Context) -> dict[str, Any]:
+        """Return what the partner is sent for this event (a bad payload is permanent)."""
         kind = require(context.event.entity_data, "kind", str)
         payload = require(context.event.entity_data, "payload", dict)
         meta = context.event.entity_metadata
-        body = {"kind": kind, "partnerId": meta.partner_id, "entity_id": meta.entity_id,
+        return {"kind": kind, "partnerId": meta.partner_id, "entity_id": meta.entity_id,
                 "entity_type": meta.entity_type, "payload": payload,
                 "idempotencyKey": context.key}
-        delivered = self.client(context).deliver(context.key, lambda: self.url(context), body)
-        context.emit(SENT, {"kind": kind, "payload": payload, "notification": context.key,
-                            "statusCode": delivered.status_code}, direction="OUT")
 
     def client(self, context: Context) -> PartnerClient:
         """Return a partner client on the handler's guard and the partner's breaker."""
         return PartnerClient(context.guard, timeout=self.settings.timeout_seconds,
-                             session=self.session,
+                             http=self.http,
                              partner=context.partner(context.event.entity_metadata.partner_id))
+
+    def async_client(self) -> AsyncPartnerClient:
+        """Return the async partner client (``await client.call(key, url, body)``)."""
+        if self._async_http is None:  # made at first use: a sync app never builds it
+            self._async_http = AsyncClient(logging_client())
+        return AsyncPartnerClient(self._async_http, timeout=self.settings.timeout_seconds)
 
     def url(self, context: Context) -> str:
         """Return the partner endpoint for this event's partner (``partner_url``)."""
@@ -87,9 +113,10 @@ def on_partner_notify_sent(context: Context) -> None:
         raise PermanentError(f"notification cannot be stored: {type(exc).__name__}") from exc
 
 
-def create_routes(settings: PartnerSettings, session: requests.Session | None = None) -> Router:
+def create_routes(settings: PartnerSettings, session: requests.Session | None = None,
+                  async_http: httpx.AsyncClient | None = None) -> Router:
     """Return the two notification steps (internal: only the relay sends them)."""
     routes = Router()
-    routes.handler(NOTIFY, internal=True)(PartnerNotifier(settings, session))
+    routes.handler(NOTIFY, internal=True)(PartnerNotifier(settings, session, async_http))
     routes.handler(SENT, internal=True)(on_partner_notify_sent)
     return routes

@@ -8,16 +8,27 @@ Effects": key check, lease, call, key set), with the key in an
 The partner's answer is classified by its status and recorded on the guard
 record. Its body is read with ``eventbus.deadline``'s cap (1 MiB): a longer
 body is cut there, and the answer is still classified by its status (which
-came whole), as it was when such a body was read to the end:
+came whole), as it was when such a body was read to the end. An answer that
+is not HTTP as it should be (a hostile ``Content-Length``, conflicting ones)
+is a failed call like a dropped connection:
 
 * 2xx → the key is set for good (SUCCESS with ``status_code``);
-* 408, 429, 5xx, other non-4xx answers, network errors and timeouts →
-  ``PartnerUnavailable`` (transient): the event is retried;
+* 408, 429, 5xx, other non-4xx answers, network errors, malformed answers
+  and timeouts → ``PartnerUnavailable`` (transient): the event is retried;
   ``timeout`` is the whole call's deadline (connect, send and every read of
   the answer, ``eventbus.deadline``), so a partner that trickles its answer
   (over a kept-alive or a closing connection alike) cannot hold the request
   thread, or the event's lease, past it;
-* any other 4xx → ``PartnerRejected`` (permanent): stored FAILED for good.
+* any other 4xx, or a request that can never be sent (its URL) →
+  ``PartnerRejected`` (permanent): stored FAILED for good.
+
+**The HTTP client is the library's** (``eventbus.deadline.Client``): the
+session the app gives (``handlers.create_router``'s, wrapped for logging) is
+taken over when the client is built, its adapters made to honour the
+deadline and the cap, or refused at start-up (``UnboundedSession``) when they
+cannot. ``AsyncPartnerClient`` is the same call for async code, on httpx
+(``eventbus.deadline_async``): the same request, deadline, cap and
+classification.
 
 **The ``Idempotency-Key`` header** (``idempotency_header``) is the event key
 itself when the key is printable ASCII (``0x20``-``0x7E``) with no leading or
@@ -38,32 +49,36 @@ guard record FAILED and releases its lease.
 
 **The breaker** (``partner``, from ``context.partner(partner_id)``): the
 HTTP call runs through the partner's breaker and shared rate
-(``eventbus.breaker``), inside the guard, so a key already delivered is
+(``eventbus.partners``), inside the guard, so a key already delivered is
 skipped without asking the breaker, and a call the breaker refuses raises
 ``BreakerOpen`` before any request (the event is parked).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import requests
 
 from eventbus import PermanentError, TransientError, deadline
-from eventbus.breaker import Partner
+from eventbus.deadline_async import AsyncClient
 from eventbus.guard import Guard
+from eventbus.partners import Partner
 
 RETRYABLE_4XX = frozenset({408, 429})
 MAX_HEADER_KEY = 200
 HASHED_PREFIX = "sha256:"
-# Raised by requests for a request that could never be sent as built: permanent.
+# Raised for a URL that could never be sent (no redirect is followed, so it is ours): permanent.
+# Not InvalidHeader: our headers are valid by construction (idempotency_header), so
+# requests raises it for the answer's (conflicting Content-Length values): transient.
 _UNSENDABLE = (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
-               requests.exceptions.MissingSchema, requests.exceptions.InvalidHeader)
+               requests.exceptions.MissingSchema)
+_UNSENDABLE_ASYNC = (httpx.InvalidURL, httpx.UnsupportedProtocol)
 
 
 class PartnerUnavailable(TransientError):
@@ -121,14 +136,26 @@ def _classification(exc: BaseException) -> str:
     return "permanent" if isinstance(exc, PermanentError) else "transient"
 
 
+def delivered_status(status: int, url: str) -> int:
+    """Return ``status`` if the partner took the call; raise its failure if not."""
+    kind = classify_status(status)
+    if kind != "delivered":
+        error = f"partner answered {status} at {url}"
+        raise (PartnerRejected if kind == "permanent" else PartnerUnavailable)(error)
+    return status
+
+
 class PartnerClient:
-    """Makes guarded partner calls; the HTTP session is injected for tests."""
+    """Makes guarded partner calls through the library's HTTP client."""
 
     def __init__(self, guard: Guard, *, timeout: float,
-                 session: requests.Session | None = None, partner: Partner | None = None) -> None:
-        """``timeout``: the call's total deadline; ``session``: from ``deadline.session()``;
-        ``partner``: the breaker and rate the call goes through (None: none)."""
-        self.guard, self.timeout, self.session = guard, timeout, session
+                 session: requests.Session | None = None, partner: Partner | None = None,
+                 http: deadline.Client | None = None) -> None:
+        """``timeout``: the call's total deadline; ``http``: the client (default one on
+        ``session``, taken over or refused here: ``deadline.Client``); ``partner``: the
+        breaker and rate the call goes through (None: none)."""
+        self.guard, self.timeout = guard, timeout
+        self.http = http if http is not None else deadline.Client(session)
         self.partner = partner
 
     def deliver(self, key: str, url: str | Callable[[], str],
@@ -154,19 +181,13 @@ class PartnerClient:
         return {"status_code": self._call(key, target, body), "url": target}
 
     def _call(self, key: str, url: str, body: Mapping[str, Any]) -> int:
-        status = self._post(url, {"Idempotency-Key": idempotency_header(key)}, body)
-        kind = classify_status(status)
-        if kind != "delivered":
-            error = f"partner answered {status} at {url}"
-            raise (PartnerRejected if kind == "permanent" else PartnerUnavailable)(error)
-        return status
+        return delivered_status(
+            self._post(url, {"Idempotency-Key": idempotency_header(key)}, body), url)
 
     def _post(self, url: str, headers: dict[str, str], body: Mapping[str, Any]) -> int:
         try:
-            with contextlib.ExitStack() as stack:
-                http = self.session or stack.enter_context(deadline.session())
-                response = deadline.request(http, "POST", url, total=self.timeout, json=dict(body),
-                                            headers=headers, allow_redirects=False)
+            response = self.http.request("POST", url, total=self.timeout, json=dict(body),
+                                         headers=headers, allow_redirects=False)
         except deadline.AnswerTooLarge as exc:
             return exc.status_code  # the status came whole; the notifier reads no body
         except _UNSENDABLE as exc:
@@ -176,3 +197,33 @@ class PartnerClient:
             raise PartnerUnavailable(f"partner call to {url} failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
         return response.status_code
+
+
+class AsyncPartnerClient:
+    """The partner call for async code: ``PartnerClient``'s request and rules, on httpx.
+
+    ``call`` makes one call and classifies it exactly as ``PartnerClient``
+    does (same header, same deadline rule, same cap, same statuses). It is the
+    HTTP step only: the guard and the breaker around it come with the async
+    forms of ``context.guard`` and ``context.partner``.
+    """
+
+    def __init__(self, http: AsyncClient, *, timeout: float) -> None:
+        """``http``: the library's async client; ``timeout``: the call's total deadline."""
+        self.http, self.timeout = http, timeout
+
+    async def call(self, key: str, url: str, body: Mapping[str, Any]) -> int:
+        """POST ``body`` to ``url`` with ``key``'s header; the status, or raise its failure."""
+        headers = {"Idempotency-Key": idempotency_header(key)}
+        try:
+            answer = await self.http.request("POST", url, total=self.timeout, json=dict(body),
+                                             headers=headers)
+        except deadline.AnswerTooLarge as exc:
+            return delivered_status(exc.status_code, url)
+        except _UNSENDABLE_ASYNC as exc:
+            raise PartnerRejected(f"partner call to {url} cannot be sent: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        except (httpx.HTTPError, requests.RequestException) as exc:
+            raise PartnerUnavailable(f"partner call to {url} failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        return delivered_status(answer.status_code, url)

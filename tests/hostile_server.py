@@ -15,7 +15,8 @@ Ready-made behaviours:
   HTTP/1.1 with ``Connection: close`` (with or without a ``Content-Length``);
 * ``redirect(location, after=...)``: a 302 to ``location``, at once or late;
 * ``answer(status, body, ...)``: a complete answer, with a ``Content-Length``,
-  chunked, or delimited by closing the connection.
+  chunked, or delimited by closing the connection;
+* ``raw(data)``: exactly ``data`` (a head no HTTP library would write), then close.
 """
 
 from __future__ import annotations
@@ -156,4 +157,12 @@ def answer(status: int, body: bytes, *, framing: str = "length", extra: str = ""
         else:
             conn.sendall(f"{head}Connection: close\r\n\r\n".encode() + body)
             conn.shutdown(socket.SHUT_RDWR)
+    return behave
+
+
+def raw(data: bytes) -> Behaviour:
+    """Send ``data`` as it is, then close the connection."""
+    def behave(conn: socket.socket, stop: threading.Event) -> None:
+        conn.sendall(data)
+        conn.shutdown(socket.SHUT_RDWR)
     return behave

@@ -38,9 +38,11 @@ The layers, each a package that says what it may import:
 * ``eventbus.outbox``    children: the relay and its sweeper;
 * ``eventbus.clock``     time in one place: the store's clock, lease arithmetic, waits;
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
-* ``eventbus.breaker``   a breaker and a shared rate per partner (``context.partner``),
+* ``eventbus.partners``  partners: a breaker and a shared rate each (``context.partner``),
                          kept in the store; its refusals park events;
-* ``eventbus.deadline``  outbound HTTP calls that end within a total deadline;
+* ``eventbus.deadline``  outbound HTTP calls that end within a total deadline, their
+                         answers capped, on a client the library owns (requests);
+* ``eventbus.deadline_async`` the same for async code, on httpx;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
                          ``asgi_app``: the same service as an ASGI app (Starlette);

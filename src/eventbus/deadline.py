@@ -27,8 +27,27 @@ classes, and its ``build_response`` hook):
   stand-in for urllib3's response in ``Response.raw`` that counts the bytes
   read (decoded, as they are held) and raises ``AnswerTooLarge`` past
   ``max_bytes`` (at once when the declared ``Content-Length`` is already
-  larger). It is hand-written because neither library has a size limit; it
-  delegates everything else to the urllib3 response.
+  larger, as urllib3 parsed it: a hostile ``Content-Length`` such as ``²`` or
+  5,000 digits is no length at all, and the body is read under the cap). It
+  is hand-written because neither library has a size limit; it delegates
+  everything else to the urllib3 response.
+
+**No wiring can lose the deadline.** It holds only for calls whose transport
+is a ``DeadlineAdapter``, so the library never trusts a session it did not
+check: ``Client`` owns its session (``session()``, or the app's, taken over
+by ``adopt``), and ``request`` adopts whatever session it is given. ``adopt``
+walks every adapter the session mounts, through wrappers (an adapter that
+sends through another names it ``inner``, as
+``eventbus.correlation.session.LoggingAdapter`` does): a ``DeadlineAdapter``
+is kept, a plain ``requests`` ``HTTPAdapter`` (what every session mounts) is
+replaced by a ``DeadlineAdapter`` with its retries and pool size, and
+anything else (another transport, an ``HTTPAdapter`` subclass, a wrapper
+that hides what it sends through) raises ``UnboundedSession``: the app
+learns it at start-up, where it builds its ``Client``, not from a partner
+that trickles. The app's hooks run inside the call, under its deadline.
+A call whose answer did not come through a ``DeadlineAdapter`` after all
+(a wrapper that sent elsewhere) raises ``UnboundedSession`` too.
+The async form, on httpx, is ``eventbus.deadline_async``.
 
 The timer covers the whole call, redirects included: every hop's connection
 and answer attach to the same ``Watch``. A connection made late in the call
@@ -52,7 +71,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import requests
-from requests.adapters import HTTPAdapter
+from requests.adapters import DEFAULT_POOLBLOCK, DEFAULT_POOLSIZE, BaseAdapter, HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.response import BaseHTTPResponse, HTTPResponse
@@ -77,6 +96,16 @@ class AnswerTooLarge(requests.RequestException):
     def __init__(self, message: str, *, status_code: int) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class UnboundedSession(TypeError):
+    """Raised for a session (or client) whose transport cannot honour a call's deadline and cap.
+
+    Raised where the session is checked, naming the adapter and what to mount
+    instead: when a ``Client`` is built (the app's start-up), by ``request``
+    given such a session, and at a call whose answer came around its
+    ``DeadlineAdapter``. Never a reason to make the call anyway.
+    """
 
 
 class Watch:
@@ -197,6 +226,7 @@ class _CappedAnswer:
 
     def __init__(self, raw: BaseHTTPResponse, limit: int, url: str) -> None:
         self._raw, self._limit, self._url, self._seen = raw, limit, url, 0
+        self._declared_checked = False
 
     def stream(self, amt: int | None = _READ_CHUNK,
                decode_content: bool | None = None) -> Iterator[bytes]:
@@ -220,9 +250,14 @@ class _CappedAnswer:
         return getattr(self._raw, name)
 
     def _check_declared(self) -> None:
-        declared = self._raw.headers.get("Content-Length", "")
-        if declared.strip().isdigit() and int(declared) > self._limit:
-            raise self._too_large(f"declares {int(declared)} bytes, more")
+        # urllib3's parse of Content-Length (None for "²", 5,000 digits, "-5": no
+        # length, read under the cap), before any byte of the body is read.
+        if self._declared_checked:
+            return
+        self._declared_checked = True
+        declared = self._raw.length_remaining
+        if declared is not None and declared > self._limit:
+            raise self._too_large(f"declares {declared} bytes, more")
 
     def _count(self, chunk: bytes) -> bytes:
         self._seen += len(chunk)
@@ -269,17 +304,86 @@ def session() -> requests.Session:
     return made
 
 
+def adopt(http: requests.Session) -> requests.Session:
+    """Make every adapter ``http`` mounts honour the deadline and cap; return ``http``.
+
+    The rule is in the module docstring: ``DeadlineAdapter`` kept, a plain
+    ``HTTPAdapter`` replaced (inside its wrappers), anything else refused with
+    ``UnboundedSession``. Adopting twice changes nothing.
+    """
+    for prefix, adapter in list(http.adapters.items()):
+        bounded = _bounded(prefix, adapter)
+        if bounded is not adapter:
+            http.mount(prefix, bounded)
+    return http
+
+
+def _bounded(prefix: str, adapter: BaseAdapter) -> BaseAdapter:
+    if isinstance(adapter, DeadlineAdapter):
+        return adapter
+    if type(adapter) is HTTPAdapter:
+        # Its pool size and blocking are public on its pool manager; the number
+        # of hosts it pools is not, so the replacement keeps requests' default.
+        pool = adapter.poolmanager.connection_pool_kw
+        return DeadlineAdapter(max_retries=adapter.max_retries,
+                               pool_maxsize=pool.get("maxsize", DEFAULT_POOLSIZE),
+                               pool_block=pool.get("block", DEFAULT_POOLBLOCK))
+    inner = getattr(adapter, "inner", None)
+    if isinstance(inner, BaseAdapter):
+        bounded = _bounded(prefix, inner)
+        if bounded is not inner:
+            adapter.inner = bounded  # type: ignore[attr-defined]  # the wrapper's own field
+        return adapter
+    kind = f"{type(adapter).__module__}.{type(adapter).__qualname__}"
+    raise UnboundedSession(
+        f"the session's adapter for {prefix!r} is a {kind}, which cannot end a call at its "
+        "total deadline or cap its answer: mount an eventbus.deadline.DeadlineAdapter there "
+        "(or wrap one, naming it `inner`), or leave requests' own HTTPAdapter to be replaced")
+
+
+class Client:
+    """An HTTP client the library owns: every call ends within its deadline, its answer capped.
+
+    ``http`` (default a new ``session()``) is taken over: ``adopt`` makes its
+    adapters honour the deadline or refuses it here, with
+    ``UnboundedSession``, so an app learns at start-up that its wiring
+    cannot be bounded. Its headers, hooks, proxies and wrappers (logging)
+    stay as they are and run inside each call's deadline.
+    """
+
+    def __init__(self, http: requests.Session | None = None, *,
+                 max_bytes: int = MAX_ANSWER_BYTES) -> None:
+        self.session = adopt(http) if http is not None else session()
+        self.max_bytes = max_bytes
+
+    def request(self, method: str, url: str, *, total: float, **kwargs: Any) -> requests.Response:
+        """``request(self.session, method, url, total=total, ...)`` with this client's cap."""
+        kwargs.setdefault("max_bytes", self.max_bytes)
+        return request(self.session, method, url, total=total, **kwargs)
+
+    def close(self) -> None:
+        """Close the session's pooled connections."""
+        self.session.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def request(http: requests.Session, method: str, url: str, *, total: float,
             max_bytes: int = MAX_ANSWER_BYTES, **kwargs: Any) -> requests.Response:
     """``http.request(method, url, ...)`` that ends within ``total`` seconds, answer included.
 
     The whole answer is read before returning (``stream`` is not accepted), and
     every answer of the call, redirects included, is capped at ``max_bytes``.
-    ``http`` must come from ``session()`` for the deadline to interrupt a
-    trickling answer and for the cap to apply; any other session gets only
-    per-operation timeouts. Raises ``DeadlineExceeded`` past the deadline,
-    ``AnswerTooLarge`` past the cap, other ``requests`` errors as usual.
+    ``http`` is adopted first (``adopt``: its plain adapters made to honour
+    the deadline, any other refused with ``UnboundedSession``), so no session
+    gets only per-operation timeouts. Raises ``DeadlineExceeded`` past the
+    deadline, ``AnswerTooLarge`` past the cap, other ``requests`` errors as usual.
     """
+    adopt(http)
     watch = Watch(total, max_bytes)
     token = _CURRENT.set(watch)
     timer = threading.Timer(total, watch.expire)
@@ -298,6 +402,11 @@ def request(http: requests.Session, method: str, url: str, *, total: float,
         _CURRENT.reset(token)
     if watch.expired:  # the cut may have ended a close-delimited body early: not a whole answer
         raise _exceeded(method, url, watch)
+    if not isinstance(response.raw, _CappedAnswer):
+        response.close()  # a wrapper sent through something else than the adapter it named
+        raise UnboundedSession(f"{method} {url}: the answer did not come through a "
+                               "DeadlineAdapter; the session's wrappers must send through "
+                               "the adapter they name `inner`")
     return response
 
 

@@ -12,6 +12,7 @@ Applications read their own settings the same way: fields made with
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -96,14 +97,25 @@ def parse_ratio(value: str) -> float:
     return number
 
 
+def parse_rate(value: str) -> float:
+    """Parse a rate in calls per second: a finite number, 0 or more (0: no limit)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise SettingsError(f"not a number: {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise SettingsError(f"must be 0 (no limit) or a positive number: {value!r}")
+    return number
+
+
 def parse_rates(value: str) -> tuple[tuple[str, float], ...]:
-    """Parse ``name=rate`` pairs, comma-separated (``acme=5,globex=0.5``)."""
+    """Parse ``name=rate`` pairs, comma-separated (``acme=5,globex=0.5``; ``acme=0``: no limit)."""
     pairs = []
     for part in parse_list(value):
         name, equals, rate = part.partition("=")
         if not equals or not name.strip():
             raise SettingsError(f"not name=rate: {part!r}")
-        pairs.append((name.strip(), parse_float(rate)))
+        pairs.append((name.strip(), parse_rate(rate)))
     return tuple(pairs)
 
 
@@ -272,13 +284,14 @@ class Settings:
         doc="How long a half-open breaker waits for its probe's answer before another call "
             "may probe (longer than a partner call's deadline).")
     partner_rate: float = setting(
-        0.0, env="EVENTBUS_PARTNER_RATE", parse=parse_float,
+        0.0, env="EVENTBUS_PARTNER_RATE", parse=parse_rate,
         doc="Calls per second to each partner, shared by every instance through one token "
             "bucket in the store, decided on the store's clock: over any span T at most "
             "rate * T + burst calls go, wherever T starts (0: no limit).")
     partner_rates: tuple[tuple[str, float], ...] = setting(
         (), env="EVENTBUS_PARTNER_RATES", parse=parse_rates,
-        doc="Per-partner overrides of `EVENTBUS_PARTNER_RATE`: `name=rate`, comma-separated.")
+        doc="Per-partner overrides of `EVENTBUS_PARTNER_RATE`: `name=rate`, comma-separated "
+            "(`name=0`: no limit for that partner).")
     partner_rate_wait_seconds: float = setting(
         1.0, env="EVENTBUS_PARTNER_RATE_WAIT_SECONDS", parse=parse_float,
         doc="The longest a call over its partner's rate waits; a longer wait parks its event.")

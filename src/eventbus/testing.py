@@ -58,7 +58,7 @@ class FakeClock:
         self.moment += dt.timedelta(seconds=seconds)
 
     def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` on this clock: move it and return at once (``eventbus.breaker``)."""
+        """Wait ``seconds`` on this clock: move it and return at once (``eventbus.partners``)."""
         self.advance(seconds)
 
     def monotonic(self) -> float:

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-from eventbus.breaker import OPEN, Partners
 from eventbus.guard import Guard
 from eventbus.model.errors import (
     BreakerOpen,
@@ -25,6 +24,7 @@ from eventbus.model.errors import (
     RateLimited,
     TransientError,
 )
+from eventbus.partners import OPEN, Partners
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.testing import FakeClock

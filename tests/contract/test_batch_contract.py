@@ -9,7 +9,7 @@ import pytest
 
 from eventbus.store import documents
 from eventbus.store.base import Claim, EventStore, Finish, Finished
-from eventbus.store.documents import parking
+from eventbus.store.documents import partner_documents
 from tests.contract.conftest import (
     ERROR,
     FIELDS,
@@ -204,7 +204,7 @@ def test_claim_record_is_the_record_as_the_claim_left_it_on_every_path(
     assert str(claim.attempt) in claim.record["entity_metadata"]["resilienceAttemptCount"]
     assert "error" not in claim.record and "retryable" not in claim.record
     assert near(store_clock, claim.record["lease_until"], store.now() + LEASE)
-    assert parking.parks(claim.record) == (1 if state == "parked" else 0)
+    assert partner_documents.parks(claim.record) == (1 if state == "parked" else 0)
 
 
 def test_a_parks_count_survives_a_claim_an_unclaim_and_a_failure(
@@ -226,7 +226,8 @@ def test_a_parks_count_survives_a_claim_an_unclaim_and_a_failure(
     assert claim.record["parks"] == 2
     assert store.fail(key, claim.owner, now, ERROR, retryable=True)
     record = store.get(key) or {}
-    assert (record["event_status"], record["parks"], parking.parks(record)) == ("FAILED", 2, 2)
+    assert (record["event_status"], record["parks"], partner_documents.parks(record)) == \
+        ("FAILED", 2, 2)
     claim = store.claim(key, FIELDS, now)  # a claim whose worker then dies
     store_clock.advance((LEASE * 3).total_seconds())
-    assert parking.parks(store.claim(key, FIELDS, now).record) == 2
+    assert partner_documents.parks(store.claim(key, FIELDS, now).record) == 2

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from eventbus.breaker import CLOSED, HALF_OPEN, OPEN, Partners
 from eventbus.clock import Shift, bson_time
 from eventbus.model.errors import BreakerOpen, PermanentError, RateLimited, TransientError
+from eventbus.partners import CLOSED, HALF_OPEN, OPEN, Partners
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore, Finish, Finished
-from eventbus.store.documents import parking
-from eventbus.store.documents.parking import RateLimit, RateTake, rate_step
+from eventbus.store.documents import partner_documents
+from eventbus.store.documents.partner_documents import RateLimit, RateTake, rate_step
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from tests.contract.conftest import StoreClock, mongo_settings
@@ -461,8 +461,8 @@ def test_parked_events_are_counted_by_partner(store: EventStore, now: datetime) 
         assert store.finish_many([Finish(key, claim.owner, error=parked, retryable=True,
                                          redrive_at=now, parked=True)], now) == Finished()
         record = store.get(key) or {}
-        assert record["parks"] == parking.parks(record) == 1  # counted beside the error
-        assert parking.is_parked(record)
+        assert record["parks"] == partner_documents.parks(record) == 1  # counted beside the error
+        assert partner_documents.is_parked(record)
     other = new_key()
     store.fail(other, store.claim(other, FIELDS, now).owner, now,
                {"type": "X", "message": "", "classification": "transient"}, retryable=True)

@@ -6,8 +6,9 @@ instances with their clock offsets over one store (``tests.model.world``),
 the steps, and the ledger's check (``World.check`` raises the broken
 promise's family, ``tests.model.ledger``), plus the outcome the fix must give,
 asserted directly. Both stores, unless the fault is one store's. The last
-test is a hole beyond the issue's list that the model's "nothing lost" rule
-names (a replayed record nothing redrives).
+tests are holes beyond the issue's list: one the model's "nothing lost" rule
+names (a replayed record nothing redrives), one its order rule names (a lane
+that started on a hold lapsed behind another lane of its batch).
 """
 
 from __future__ import annotations
@@ -241,3 +242,31 @@ def test_a_replayed_event_whose_message_is_lost_is_still_redriven(
         w.deliver(w.instances[1], [last(w)])
         w.settle()
         assert status(w, refused) == "SUCCESS"
+
+
+def test_a_lane_behind_a_hung_handler_of_its_batch_gives_its_events_back_once_its_hold_lapsed(
+        make_backend: MakeBackend) -> None:
+    # A batch runs its lanes one after the other; the hold of an entity is taken with the
+    # claim, but the lane's first event started unchecked. An instance frozen in the batch's
+    # earlier handler past its lease, then thawed, ran the older position of an entity
+    # whose newer one had succeeded under the next holder meanwhile (and made its effect).
+    with world(make_backend, 0.0, 0.0) as w:
+        w.new_call("fast", shared=False, emit=False, plan=["hang"])
+        hung = last(w)
+        w.new_order("e1", 1, plan=[], call=True)
+        older = last(w)
+        w.deliver(w.instances[0], [hung, older])  # the call's lane first: it hangs
+        w.freeze(w.instances[0])
+        w.advance(PAST_LEASE)  # its claims and its hold on e1 lapse
+        w.new_order("e1", 5, plan=[])
+        newer = last(w)
+        w.deliver(w.instances[1], [newer])  # the next holder applies position 5
+        assert status(w, newer) == "SUCCESS"
+        w.instances[0].frozen = False
+        w.release(w.hangs[0])  # the first instance goes on to e1's lane
+        w.check()  # position 1 never starts after position 5 succeeded
+        assert effects(w, f"order:{older.key}") == 0
+        w.settle()
+        assert status(w, older) == "SUCCESS"
+        assert (w.store.get(older.key) or {}).get("stale")  # applied as stale, never run
+        assert effects(w, f"order:{older.key}") == 0

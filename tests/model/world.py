@@ -6,7 +6,8 @@ test (``test_crash_points``) drive, one step at a time:
 * **one store** (``MemoryBackend`` or ``MongoBackend``) whose clock the world
   moves (``advance``): a ``FakeClock`` for memory, a ``Shift`` for MongoDB;
 * **instances**: each a ``Processor`` with its own clock, ``store.now() +
-  offset`` (a host whose clock is off by seconds or minutes), its own inline
+  offset`` (a host whose clock is off by seconds or minutes; its monotonic
+  clock counts the world's time, offset or not), its own inline
   relay and heartbeat, over a ``CrashingStore`` that kills it at a chosen
   store call (before or after it), after which it makes no call at all;
 * **runs** on threads, handed off deterministically: a step starts a run and
@@ -50,7 +51,6 @@ from typing import Any, Protocol, cast
 
 from pymongo import MongoClient
 
-from eventbus.breaker import partner_name
 from eventbus.clock import Shift
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
@@ -61,10 +61,11 @@ from eventbus.model.order import entity_key
 from eventbus.model.router import Router
 from eventbus.ops.replay import Replayer
 from eventbus.outbox.relay import Relay
+from eventbus.partners import partner_name
 from eventbus.processor import Heartbeat, Processor, Result
 from eventbus.settings import Settings
 from eventbus.store.base import BatchClaim, Claim, EntityHolds, EventStore, Finish, Finished
-from eventbus.store.documents.parking import is_parked
+from eventbus.store.documents.partner_documents import is_parked
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.redrive import Redriver
@@ -242,8 +243,12 @@ class InstanceClock:
         """A wait of this process: the world moves time, so it returns at once."""
 
     def monotonic(self) -> float:
-        """Seconds on this clock."""
-        return self().timestamp()
+        """This process's monotonic clock: the time that passed (the store's), not its offset.
+
+        A host's wall clock may be off or jump (``offset``); its monotonic clock
+        only counts the seconds that pass, which in the world is the store's time.
+        """
+        return self._store_now().timestamp()
 
 
 @dataclasses.dataclass(eq=False)
@@ -368,9 +373,11 @@ class World:
         proxy = CrashingStore(self.store, functools.partial(self._observe, slot))
         store = cast(EventStore, proxy)
         relay = Relay(store, self.broker, now=clock, sleep=clock.sleep)
+        # Its monotonic clock is the world's too: with the real one, no wait of the world
+        # would ever be a quarter lease, and a lane would never confirm its hold.
         processor = Processor(store, self.router, SETTINGS, clock, after_success=relay,
                               heartbeat=Heartbeat(store, now=clock, background=False),
-                              sleep=clock.sleep)
+                              sleep=clock.sleep, monotonic=clock.monotonic)
         return Instance(slot, clock, proxy, processor)
 
     def _router(self) -> Router:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from eventbus import deadline
 from eventbus.deadline import AnswerTooLarge, DeadlineExceeded
 from tests import hostile_server as hostile
+from tests.telemetry.support import captured_lines
 
 TOTAL = 0.5
 BOUND = 2.0  # the attacks below would take 12 s or more
@@ -179,3 +180,130 @@ def test_an_answer_is_returned_whole_up_to_the_cap_and_refused_past_it(
         else:
             answer = call()
             assert (answer.status_code, answer.content) == (status, body)
+
+
+# -- whatever the session: adopted or refused (issue 32) -----------------------------------
+
+@pytest.fixture()
+def trickling() -> Iterator[str]:
+    """The URL of a partner that trickles its body over HTTP/1.0."""
+    with hostile.HostileServer(hostile.trickle_body(EVERY, version="HTTP/1.0")) as server:
+        yield server.url + "/x"
+
+
+def test_a_plain_session_is_bounded_too(trickling: str) -> None:
+    # The trap: deadline.request trusted any session and gave a plain one per-read
+    # timeouts only, so a trickled body held the call far past its deadline.
+    with requests.Session() as plain:
+        assert_held_at_most_the_deadline(plain, trickling)
+
+
+def test_a_session_with_its_own_adapters_and_hooks_is_still_bounded(trickling: str) -> None:
+    from eventbus.correlation.session import LoggingAdapter, logging_session
+
+    hooked: list[int] = []
+
+    def read_in_a_hook(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        hooked.append(len(response.content))  # an app's hook that reads the body itself
+
+    session = requests.Session()
+    session.mount("http://127.0.0.1", requests.adapters.HTTPAdapter(max_retries=2,
+                                                                     pool_maxsize=3))
+    session.hooks["response"].append(read_in_a_hook)
+    client = deadline.Client(logging_session(session))
+    for prefix, adapter in client.session.adapters.items():
+        assert isinstance(adapter, LoggingAdapter), prefix  # the app's wrappers stay
+        assert isinstance(adapter.inner, deadline.DeadlineAdapter), prefix
+    mine = client.session.get_adapter("http://127.0.0.1/x")
+    assert isinstance(mine, LoggingAdapter) and isinstance(mine.inner, deadline.DeadlineAdapter)
+    assert (mine.inner.max_retries.total, mine.inner.poolmanager.connection_pool_kw["maxsize"]) \
+        == (2, 3)  # its retries and pool size carried over
+    with captured_lines() as lines:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            client.request("GET", trickling, total=TOTAL)
+        took = time.monotonic() - started
+    assert took < BOUND and hooked == []  # the hook's read was cut with the call
+    [line] = [line for line in lines if line.get("logType") == "REQUEST_OUTBOUND"]
+    assert line["target"] == trickling  # the app's logging wrapper still wrote its line
+
+
+class Transport(requests.adapters.BaseAdapter):
+    """A transport of the app's own (a mock, a unix socket...): nothing can cut it."""
+
+    def send(self, *args: Any, **kwargs: Any) -> requests.Response:
+        raise AssertionError("never called: refused when the client is built")
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+class Retrying(requests.adapters.HTTPAdapter):
+    """An HTTPAdapter subclass: what it overrides is unknown, so it is not trusted."""
+
+
+@pytest.mark.parametrize("adapter", [Transport(), Retrying()], ids=["transport", "subclass"])
+def test_a_session_that_cannot_honour_the_deadline_is_refused_when_the_client_is_built(
+        adapter: requests.adapters.BaseAdapter) -> None:
+    from eventbus.correlation.session import logging_session
+
+    session = requests.Session()
+    session.mount("https://partner.example/", adapter)
+    for wrapped in (session, logging_session(session)):
+        with pytest.raises(deadline.UnboundedSession,
+                           match=r"'https://partner\.example/'.*DeadlineAdapter"):
+            deadline.Client(wrapped)
+
+
+def test_a_wrapper_that_sends_elsewhere_than_it_says_is_refused_at_the_call() -> None:
+    class Liar(requests.adapters.BaseAdapter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = deadline.DeadlineAdapter()
+            self.other = requests.adapters.HTTPAdapter()
+
+        def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+            return self.other.send(request, **kwargs)
+
+        def close(self) -> None:
+            self.other.close()
+
+    session = requests.Session()
+    session.mount("http://", Liar())
+    with hostile.HostileServer(hostile.answer(200, b"ok")) as server, \
+            pytest.raises(deadline.UnboundedSession, match="did not come through"):
+        deadline.Client(session).request("GET", server.url + "/x", total=TOTAL)
+
+
+# A Content-Length no parser should trust: "²" and 5,000 digits passed str.isdigit() and
+# then raised a bare ValueError from int(); "5, 6" is two lengths.
+HOSTILE_LENGTHS = [b"\xb2", b"\xb2\xb3\xb9", b"9" * 5000, b"1" * 4301, b"-5", b"1e9", b" 12",
+                   b"5, 6", b"+5", b"1_0", b"0x10", b"", b"99999999999999999999"]
+LENGTHS = st.sampled_from(HOSTILE_LENGTHS) | st.binary(max_size=40).filter(
+    lambda value: b"\r" not in value and b"\n" not in value)
+
+
+def hostile_length(value: bytes, status: int = 200) -> hostile.Behaviour:
+    """A whole answer whose Content-Length is ``value``, delimited by closing."""
+    return hostile.raw(b"HTTP/1.1 %d X\r\nContent-Length: %s\r\nConnection: close\r\n\r\nok"
+                       % (status, value))
+
+
+@pytest.mark.parametrize("value", HOSTILE_LENGTHS[:4], ids=["sup2", "sup", "5000", "4301"])
+def test_a_hostile_content_length_is_no_length_and_the_answer_is_read_under_the_cap(
+        http: requests.Session, value: bytes) -> None:
+    with hostile.HostileServer(hostile_length(value)) as server:
+        answer = get(http, server.url + "/x")
+    assert (answer.status_code, answer.content) == (200, b"ok")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=LENGTHS)
+def test_any_content_length_is_an_answer_or_a_requests_error_never_a_bare_exception(
+        value: bytes) -> None:
+    with hostile.HostileServer(hostile_length(value)) as server, deadline.session() as http:
+        try:
+            answer = deadline.request(http, "GET", server.url + "/x", total=2.0, max_bytes=100)
+        except requests.RequestException:
+            return  # classified: a too large, cut or malformed answer is a requests error
+    assert answer.status_code == 200 and len(answer.content) <= 2

@@ -24,7 +24,7 @@ from eventbus.model.order import entity_key
 from eventbus.model.router import Router
 from eventbus.processor import Processor, Result
 from eventbus.settings import Settings
-from eventbus.store.base import EntityTake, Finish
+from eventbus.store.base import EntityRelease, EntityTake, Finish
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
@@ -181,6 +181,38 @@ def test_a_batch_runs_each_entitys_events_in_position_order() -> None:
     assert [r.outcome.value for r in results] == ["processed"] * 4
     assert [n for n in b.seen if n != 10] == [1, 2, 3]
     assert (b.store.get(ENTITY_KEY) or {})["position"] == 3
+
+
+def test_a_lane_behind_a_long_handler_of_its_batch_confirms_its_hold_first() -> None:
+    # The batch's lanes run one after the other: the entity's hold, taken with the claim,
+    # lapses while the other lane's handler runs past the lease, and another worker applies
+    # a newer position meanwhile. The lane's first event must not run on the lapsed hold.
+    seen: list[Any] = []
+    routes = Router()
+    clock = FakeClock(NOW)
+    store = MemoryEventStore(lease=dt.timedelta(seconds=20), clock=clock)
+
+    @routes.handler("OR_MGMT", ordered_by="entity_data.ts")
+    def project(context: Context) -> None:
+        seen.append(context.event.entity_data["ts"])
+
+    @routes.handler("SLOW")
+    def slow(context: Context) -> None:
+        clock.advance(60)  # a pause past the lease: no heartbeat meanwhile
+        other = store.take_entities({ENTITY_KEY: EntityTake(ENTITY, ("p:p1:newer",), (5,))},
+                                    clock())
+        store.finish_many([], clock(), [EntityRelease(ENTITY_KEY, other.owner, 5,
+                                                      "p:p1:newer")])
+
+    processor = Processor(store, routes, Settings(), clock, sleep=clock.sleep,
+                          monotonic=clock.monotonic)
+    body = {"event_type": "SLOW", "event_version": "v1", "entity_metadata": ENTITY,
+            "entity_data": {}}
+    first = Delivery(json.dumps(body).encode(), {"idempotency_key": "slow"}, message_id="m-s")
+    results = processor.run([first, delivery(3, "older")])
+    assert seen == []  # position 3 never ran after 5 was applied
+    assert results[1].outcome.value in ("in_progress", "lease_lost")  # 503: it comes back
+    assert (store.get(ENTITY_KEY) or {})["position"] == 5
 
 
 @dataclasses.dataclass

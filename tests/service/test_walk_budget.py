@@ -29,7 +29,7 @@ ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
 FILES_BUDGET = 27
 """Measured 27 on 2026-11-26: time got one module of its own (``eventbus.clock``, issue 30),
 and the fenced finish builds its conditional pipeline in ``documents.updates`` and reads the
-park count from ``documents.parking`` (issue 30;
+park count from ``documents.partner_documents`` (issue 30;
 24 on 2026-11-25, 25 before the one-pipeline change, by the same profile)."""
 CALLS_BUDGET = 452
 """Measured 452 on 2026-11-27: two calls more per push, the handle stage asking whether a

@@ -173,8 +173,8 @@ def test_the_views_give_each_histogram_its_bucket_bounds() -> None:
 
 
 def test_breakers_and_parked_events_are_gauges_per_partner() -> None:
-    from eventbus.breaker import Partners
     from eventbus.model.errors import TransientError
+    from eventbus.partners import Partners
     from eventbus.settings import Settings
 
     bus, rec, _ = metered_bus(tracing=False)

@@ -41,14 +41,14 @@ FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                       "eventbus.clock",
-                      "eventbus.breaker",
+                      "eventbus.partners",
                       "eventbus.store.documents", "eventbus.processor", "eventbus.outbox",
                       "eventbus.pubsub.message", "eventbus.telemetry", "eventbus.workers",
                       "eventbus.assembly", "eventbus.correlation")
 PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                         "eventbus.clock",
                         "eventbus.store.documents", "eventbus.store", "eventbus.guard",
-                        "eventbus.breaker", "eventbus.correlation", "eventbus.processor")
+                        "eventbus.partners", "eventbus.correlation", "eventbus.processor")
 TELEMETRY_MAY_IMPORT = ("eventbus.settings", "eventbus.correlation", "eventbus.model",
                         "eventbus.processor", "eventbus.telemetry", "opentelemetry",
                         "prometheus_client")

@@ -1,4 +1,4 @@
-"""Hypothesis over the shared rate's rule (``documents.parking.rate_step``, GCRA).
+"""Hypothesis over the shared rate's rule (``documents.partner_documents.rate_step``, GCRA).
 
 Any limit, longest wait and sequence of call times: no span of any length,
 starting anywhere, admits more than ``span / interval + burst`` calls; a
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from eventbus.store.documents.parking import RateLimit, RateTake, rate_step
+from eventbus.store.documents.partner_documents import RateLimit, RateTake, rate_step
 
 START = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 MS = dt.timedelta(milliseconds=1)

@@ -7,9 +7,9 @@ from typing import get_type_hints
 
 import pytest
 
-from eventbus.breaker import Partners
 from eventbus.guard import Guard
 from eventbus.outbox.relay import Relay
+from eventbus.partners import Partners
 from eventbus.processor.heartbeat import Heartbeat
 from eventbus.processor.pipeline import Processor
 from eventbus.store import base

@@ -16,8 +16,8 @@ from eventbus.model.keys import canonical_json, child_key, fingerprint_text
 from eventbus.model.status import Status
 
 if TYPE_CHECKING:  # types only: the model never calls into the guard's layer
-    from eventbus.breaker import Partner, Partners
     from eventbus.guard import Guard
+    from eventbus.partners import Partner, Partners
 
 
 class ChildEntry(dict[str, Any]):
@@ -88,7 +88,7 @@ class Context:
     root_key: str = ""
     children: list[Child] = dataclasses.field(default_factory=list)
     partners: Partners | None = None
-    """The processor's partners (``eventbus.breaker``); ``partner`` reads it."""
+    """The processor's partners (``eventbus.partners``); ``partner`` reads it."""
 
     def partner(self, name: str) -> Partner:
         """Return partner ``name``'s breaker and rate: ``context.partner(id).call(effect)``.

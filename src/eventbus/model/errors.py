@@ -47,7 +47,7 @@ class PartnerPaused(TransientError):
 
     The processor parks the event: FAILED-retryable with ``partner`` and
     ``until`` in its error, ``redrive_at`` at ``until``, acked, and no attempt
-    spent (``eventbus.breaker``). ``until`` is a timezone-aware datetime.
+    spent (``eventbus.partners``). ``until`` is a timezone-aware datetime.
     """
 
     classification = "parked"

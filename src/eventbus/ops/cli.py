@@ -19,7 +19,7 @@ tells each one's options:
 * ``contracts write|check``, ``peek TOPIC``: public topics
   (``eventbus.ops.commands.public``);
 * ``partners``, ``partners open|close NAME --why ...``: partner breakers,
-  parked events and rates (``eventbus.ops.commands.steering``).
+  parked events and rates (``eventbus.ops.commands.partner_commands``).
 
 The commands of the bus itself:
 
@@ -52,7 +52,15 @@ from collections.abc import Sequence
 
 from eventbus.model.errors import EventBusError, PublishError
 from eventbus.ops import cascade
-from eventbus.ops.commands import console, public, queries, repair, steering, sweepers, verify
+from eventbus.ops.commands import (
+    console,
+    partner_commands,
+    public,
+    queries,
+    repair,
+    sweepers,
+    verify,
+)
 from eventbus.ops.commands.common import Tools, UsageError, load_app, positive
 from eventbus.ops.config import OpsSettings, load_env_file
 from eventbus.ops.progress import status_table
@@ -150,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
     trace_ = commands.add_parser("trace", help="print the cascade of an event from its root")
     trace_.add_argument("key", help="the idempotency key of any event of the cascade")
     trace_.set_defaults(run=cmd_trace)
-    for module in (queries, repair, console, sweepers, public, steering, verify):
+    for module in (queries, repair, console, sweepers, public, partner_commands, verify):
         module.add(commands)
     worker.add(commands, positive, load_app)
     return root

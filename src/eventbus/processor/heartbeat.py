@@ -97,7 +97,7 @@ class Heartbeat:
                     self._live.pop(id(lease), None)
 
     def confirm(self, lease: Lease) -> bool:
-        """Renew one entity hold now (before a lane's next event); False, and lost, if it lapsed."""
+        """Renew one entity hold now (before a lane's event); False, and lost, if it lapsed."""
         try:
             lease.lost = not self.store.renew_entities({lease.key: lease.owner}, self.now())
         except StoreUnavailable:

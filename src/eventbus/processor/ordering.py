@@ -25,9 +25,10 @@ records are not finished yet (their holder may still be writing) stay in the
 orphan at this holder's release, for the next one to read again.
 
 Fencing: the hold is renewed with the claims, confirmed with the store before
-a lane's next event when a quarter lease passed since (a process paused
-past its lease finds out there, and gives the rest of its lane back), and
-the release only takes while the hold holds; the position only moves forward.
+each of a lane's events, its first too (a batch's lanes run one after the
+other), when a quarter lease passed since (a process paused past its lease
+finds out there, and gives the rest of its lane back), and the release only
+takes while the hold holds; the position only moves forward.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from eventbus.breaker import Partners
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
 from eventbus.model.content import error_text
@@ -50,6 +49,7 @@ from eventbus.model.errors import (
 )
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
+from eventbus.partners import Partners
 from eventbus.processor.handler_loop import HandlerLoop
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
@@ -60,7 +60,7 @@ from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import EntityHolds, EntityRelease, Finish, ProcessorStore
-from eventbus.store.documents import parking
+from eventbus.store.documents import partner_documents
 
 logger = logging.getLogger("eventbus")
 
@@ -269,7 +269,10 @@ class Processor:
 
     def _run_lane(self, lane: Lane, leases: Mapping[str, Lease], alone: bool) -> None:
         for index, item in enumerate(lane.items):
-            if lane.entity_key and index and not self._still_held(lane):
+            # Before every event, the first too: a batch's lanes run one after the other
+            # (or wait for a thread), so a lane's first event may start long after the
+            # claim took its hold, behind another lane's handler the process was paused in.
+            if lane.entity_key and not self._still_held(lane):
                 # The hold lapsed (a pause longer than the lease): another instance
                 # may hold the entity now, so the rest of the lane goes back.
                 for rest in lane.items[index:]:
@@ -284,7 +287,9 @@ class Processor:
         # ``_run_lane`` on the loop: the same order, stale and hold rules; a sync handler
         # of a mixed lane (an entity's events of two types) runs in a thread.
         for index, item in enumerate(lane.items):
-            if lane.entity_key and index and not await asyncio.to_thread(self._still_held, lane):
+            # Before every event, the first too (as ``_run_lane``); a confirmation is a
+            # round trip, so it is asked in a thread.
+            if lane.entity_key and not await asyncio.to_thread(self._still_held, lane):
                 for rest in lane.items[index:]:
                     rest.pending = self.lanes.busy(rest)
                 return
@@ -429,7 +434,7 @@ class Processor:
         assert item.claim is not None
         since = item.claim.record.get("replayed_at_attempt", 0)
         since = since if isinstance(since, int) and not isinstance(since, bool) else 0
-        return item.claim.attempt - since - parking.parks(item.claim.record)
+        return item.claim.attempt - since - partner_documents.parks(item.claim.record)
 
     def _context(self, item: Item) -> Context:
         located, claim = item.located, item.claim
@@ -503,8 +508,9 @@ class Processor:
         # the subscription's success rate (every partner's push rate) holds;
         # the redrive brings it back at ``until``.
         assert item.claim is not None
-        error = {**documents.error_document(exc, parking.PARKED), "partner": paused.partner,
-                 "until": paused.until, "parks": parking.parks(item.claim.record) + 1}
+        error = {**documents.error_document(exc, partner_documents.PARKED),
+                 "partner": paused.partner, "until": paused.until,
+                 "parks": partner_documents.parks(item.claim.record) + 1}
         finish = Finish(item.key, item.claim.owner, error=error, retryable=True,
                         redrive_at=paused.until, parked=True)
         return Pending(finish, Result(Outcome.PARKED, key=item.key, event_type=item.event_type,

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from eventbus.model.errors import AlreadyExists, ContentRejected
-from eventbus.store.documents.parking import RateLimit, RateTake
+from eventbus.store.documents.partner_documents import RateLimit, RateTake
 
 Record = dict[str, Any]
 """A stored document, as the seed schema names its fields."""
@@ -231,7 +231,7 @@ class GuardStore(Clocked, Protocol):
 
 
 class PartnerStore(Clocked, Protocol):
-    """What partners use: breakers, shared rates and parked events (``eventbus.breaker``)."""
+    """What partners use: breakers, shared rates and parked events (``eventbus.partners``)."""
 
     def breaker_get(self, name: str) -> Record | None:
         """Return the breaker document of partner ``name`` (``version`` included), or None."""
@@ -254,7 +254,7 @@ class PartnerStore(Clocked, Protocol):
         """Take a token of partner ``name``'s shared bucket, decided on the store's clock.
 
         One atomic single-document write, one round trip (GCRA:
-        ``documents.parking.rate_step``). ``taken``: the call may go at
+        ``documents.partner_documents.rate_step``). ``taken``: the call may go at
         ``until`` (now, or at most ``max_wait`` later; the token is reserved
         for it). Not taken: nothing was spent, and ``until`` is when the next
         token is free. No caller's clock takes part, so callers whose clocks

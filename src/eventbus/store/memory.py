@@ -25,7 +25,7 @@ from eventbus.clock import Now, lease_end, utcnow
 from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
-from eventbus.store.documents import parking
+from eventbus.store.documents import partner_documents
 from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
 from eventbus.store.memory_partners import MemoryPartnersMixin
@@ -189,7 +189,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
             record.pop("lease_until", None)
             record.pop("lease_owner", None)
             if parked:
-                record[documents.PARKS] = parking.parks(record) + 1
+                record[documents.PARKS] = partner_documents.parks(record) + 1
         return True
 
     def renew(self, key: str, owner: str, now: datetime) -> bool:

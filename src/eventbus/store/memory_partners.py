@@ -1,6 +1,6 @@
 """Breakers and token buckets in memory: a mixin that ``MemoryEventStore`` inherits.
 
-The same documents as ``mongo_partners`` (``eventbus.store.documents.parking``),
+The same documents as ``mongo_partners`` (``eventbus.store.documents.partner_documents``),
 in a dict behind the store's lock.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventbus.store.base import Record
 from eventbus.store.documents import bson_time
-from eventbus.store.documents.parking import (
+from eventbus.store.documents.partner_documents import (
     BREAKER,
     RateLimit,
     RateTake,

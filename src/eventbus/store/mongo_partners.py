@@ -1,7 +1,7 @@
 """Breakers and token buckets on MongoDB: a mixin that ``MongoEventStore`` inherits.
 
 One collection (``Settings.partner_collection``) holds both kinds of
-document (``eventbus.store.documents.parking``). Every write is one
+document (``eventbus.store.documents.partner_documents``). Every write is one
 single-document operation: a breaker moves by compare-and-swap on its
 ``version``, a partner's token bucket by one upserted update pipeline decided
 on the server's clock (``$$NOW``).
@@ -20,7 +20,7 @@ from pymongo.errors import DuplicateKeyError
 from eventbus.clock import Shift, store_now
 from eventbus.store.base import Record
 from eventbus.store.documents import bson_time
-from eventbus.store.documents.parking import (
+from eventbus.store.documents.partner_documents import (
     BREAKER,
     RateLimit,
     RateTake,

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from eventbus.breaker import CLOSED, BreakerState, Policy, admit
+from eventbus.partners import CLOSED, BreakerState, Policy, admit
 from eventbus.settings import Settings
 from eventbus.store.base import PartnerStore
-from eventbus.store.documents.parking import is_parked
+from eventbus.store.documents.partner_documents import is_parked
 
 ALL, ONE, NONE = "all", "one", "none"
 

@@ -34,7 +34,7 @@ from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
 from eventbus.store.base import RedriveStore
-from eventbus.store.documents.parking import parks
+from eventbus.store.documents.partner_documents import parks
 from eventbus.workers.parked import Gate
 from eventbus.workers.rebuild import NotReplayable, build
 

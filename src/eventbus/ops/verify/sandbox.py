@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from eventbus.breaker import BreakerState, forced
+from eventbus.partners import BreakerState, forced
 from eventbus.store.base import Record
 from eventbus.store.memory import MemoryEventStore
 

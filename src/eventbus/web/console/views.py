@@ -12,7 +12,7 @@ import flask
 
 from eventbus.model.errors import Forbidden, InvalidEvent, PublishError, Unauthenticated
 from eventbus.model.event import json_object
-from eventbus.ops import breakers, correct
+from eventbus.ops import correct, partner_ops
 from eventbus.ops import reports as ops
 from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
@@ -180,7 +180,7 @@ def partners() -> str:
     """Each partner's breaker, failures, parked events and rate (``eventbus partners``)."""
     app = console()
     return flask.render_template("partners.html",
-                                 partners=breakers.views(app.store, app.settings, app.now()))
+                                 partners=partner_ops.views(app.store, app.settings, app.now()))
 
 
 @blueprint.post("/partners")
@@ -195,9 +195,10 @@ def steer_partner() -> Any:
     if action not in ("open", "close") or not why or not form.get("name"):
         return _refused(400, "say which partner, open or close, and why")
     try:
-        breakers.steer(console().store, form["name"], hold_open=action == "open", why=why,
-                       by=str(flask.g.operator), now=console().now())
-    except breakers.SteerError as exc:
+        partner_ops.steer(console().store, form["name"], hold_open=action == "open", why=why,
+                          by=str(flask.g.operator), now=console().now(),
+                          settings=console().settings)
+    except partner_ops.SteerError as exc:
         return _refused(409, str(exc))
     return flask.redirect(flask.url_for("console.partners"), code=303)
 

@@ -16,12 +16,13 @@ import contextlib
 import datetime as dt
 import itertools
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from eventbus.breaker import CLOSED, HALF_OPEN, OPEN, BreakerState, Partners, partner_name
-from eventbus.model.errors import BreakerOpen, PermanentError, TransientError
-from eventbus.settings import Settings
+from eventbus.model.errors import BreakerOpen, PermanentError, RateLimited, TransientError
+from eventbus.partners import CLOSED, HALF_OPEN, OPEN, BreakerState, Partners, partner_name
+from eventbus.settings import Settings, SettingsError
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 
@@ -109,3 +110,54 @@ def test_hostile_names_hash_and_different_names_stay_apart() -> None:
     stored = [partner_name(name) for name in hostile]
     assert all(name.startswith("sha256:") for name in stored)
     assert len(set(stored)) == len(hostile) and partner_name("acme") == "acme"
+
+
+@given(st.text(max_size=300))
+def test_the_call_path_stores_a_breaker_and_parks_under_one_normalisation(name: str) -> None:
+    # The name was normalised by Partners.get and again by Partner: a hashed name
+    # (anything unusual) opened its breaker under the hash of its hash.
+    store = MemoryEventStore(clock=FakeClock(dt.datetime(2026, 11, 22, tzinfo=dt.UTC)))
+    group = Partners(store, SETTINGS)
+    for _ in range(SETTINGS.breaker_failures):
+        with contextlib.suppress(TransientError, BreakerOpen):
+            group.get(name).call(_down)
+    assert group.get(name).name == partner_name(name)
+    assert [doc["name"] for doc in store.breakers()] == [partner_name(name)]
+    with contextlib.suppress(BreakerOpen):
+        group.get(name).call(_down)
+        raise AssertionError("the open breaker let a call through")
+
+
+def test_a_partners_own_rate_is_found_under_its_stored_name() -> None:
+    rates = Partners(MemoryEventStore(), Settings(partner_rate=5.0,
+                                                  partner_rates=(("a\x00b", 0.5),)))
+    assert rates.rate(rates.get("a\x00b").name) == 0.5 and rates.rate("other") == 5.0
+
+
+def _down() -> None:
+    raise TransientError("503")
+
+
+def test_a_rate_of_zero_means_no_limit_globally_and_per_partner() -> None:
+    # EVENTBUS_PARTNER_RATE=0 stopped start-up ("must be positive") though documented
+    # as no limit; a partner's own 0 lifts the global rate for that partner alone.
+    settings = Settings.from_env({"EVENTBUS_PARTNER_RATE": "0"})
+    assert settings.partner_rate == 0.0
+    settings = Settings.from_env({"EVENTBUS_PARTNER_RATE": "1",
+                                  "EVENTBUS_PARTNER_RATES": "free=0,slow=0.5",
+                                  "EVENTBUS_PARTNER_RATE_WAIT_SECONDS": "0.001"})
+    assert settings.partner_rates == (("free", 0.0), ("slow", 0.5))
+    clock = FakeClock(dt.datetime(2026, 11, 22, tzinfo=dt.UTC))
+    group = Partners(MemoryEventStore(clock=clock), settings, now=clock)
+    assert [group.get("free").call(lambda n=n: n) for n in range(50)] == list(range(50))
+    group.get("other").call(lambda: None)
+    with pytest.raises(RateLimited):  # the global rate still holds for the others
+        group.get("other").call(lambda: None)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+def test_a_rate_that_is_not_a_number_of_calls_is_refused_at_start_up(value: str) -> None:
+    for variable, text in (("EVENTBUS_PARTNER_RATE", value),
+                           ("EVENTBUS_PARTNER_RATES", f"acme={value}")):
+        with pytest.raises(SettingsError, match=variable):
+            Settings.from_env({variable: text})

@@ -1,4 +1,4 @@
-"""A breaker and a shared rate per partner, kept in the store so every instance shares them.
+"""Partners: a breaker and a shared rate each, kept in the store so every instance shares them.
 
 A handler makes an outbound call through its partner::
 
@@ -6,6 +6,13 @@ A handler makes an outbound call through its partner::
     await context.partner(partner_id).call_async(lambda: client.post(...))   # async def
 
 
+(the HTTP call itself on the library's client, ``eventbus.deadline.Client``,
+so it ends within its deadline however the app wired its session).
+
+* **Names.** ``Partners.get`` normalises a partner's id once
+  (``partner_name``: an unusual one becomes ``sha256:<hex>``), and everything
+  after it (the breaker, the bucket, parked events, the operator's views)
+  uses that stored name as it is.
 * **Breaker.** After ``Settings.breaker_failures`` consecutive transient
   failures the breaker opens for ``breaker_open_seconds``; then one call, the
   probe, goes through (half-open); its success closes the breaker, its failure
@@ -59,9 +66,9 @@ from typing import Any, TypeVar
 from eventbus.model.errors import BreakerOpen, Classification, Classifier, RateLimited
 from eventbus.settings import Settings
 from eventbus.store.base import PartnerStore
-from eventbus.store.documents.parking import RateLimit
+from eventbus.store.documents.partner_documents import RateLimit
 
-logger = logging.getLogger("eventbus.breaker")
+logger = logging.getLogger("eventbus.partners")
 
 T = TypeVar("T")
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -226,10 +233,15 @@ def swap(store: PartnerStore, name: str, change: Callable[[BreakerState], Breake
 
 
 class Partner:
-    """One partner's breaker and rate; ``call`` runs an outbound call through both."""
+    """One partner's breaker and rate; ``call`` runs an outbound call through both.
+
+    Made by ``Partners.get``, which normalises the partner's name once:
+    ``name`` is the stored name (``partner_name``'s result), kept as it is, so a
+    hashed name is never hashed again.
+    """
 
     def __init__(self, name: str, partners: Partners) -> None:
-        self.name, self.partners = partner_name(name), partners
+        self.name, self.partners = name, partners
 
     def call(self, effect: Callable[[], T]) -> T:
         """Run ``effect`` if the breaker and the rate let it; raise ``PartnerPaused`` if not.
@@ -338,14 +350,15 @@ class Partners:
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
         self.sleep = sleep or getattr(now, "sleep", None) or time.sleep
-        self.rates = dict(settings.partner_rates)
+        # Keyed by stored name, as every lookup is (``rate`` gets a ``Partner.name``).
+        self.rates = {partner_name(name): rate for name, rate in settings.partner_rates}
 
     def get(self, name: object) -> Partner:
-        """Return partner ``name`` (any text: see ``partner_name``)."""
+        """Return partner ``name`` (any text), under its stored name: the one normalisation."""
         return Partner(partner_name(name), self)
 
     def rate(self, name: str) -> float:
-        """Calls per second allowed to ``name`` (0: no limit)."""
+        """Calls per second allowed to the partner stored as ``name`` (0: no limit)."""
         return self.rates.get(name, self.settings.partner_rate)
 
     async def pace_async(self, name: str) -> None:

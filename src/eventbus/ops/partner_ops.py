@@ -1,10 +1,12 @@
 """Partners for operators: each breaker, its parked events and rate; opening and closing by hand.
 
-``views`` is what ``eventbus partners`` and the console's partners page show.
+``views`` is what ``eventbus partners`` and the console's partners page show,
+each partner under its stored name (``eventbus.partners.partner_name``).
 ``steer`` holds a breaker open or closes it, audited like a replay: an entry
 ``{action, why, by, at}`` kept on the breaker (its last twenty) and a log
 line. Closing by hand also makes the partner's parked events due for the
-redrive at once.
+redrive at once. An operator names a partner as it is listed or as it is
+raw (``stored_name``): both find the same breaker.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from eventbus.breaker import (
+from eventbus.partners import (
     CLOSED,
     HALF_OPEN,
     OPEN,
@@ -62,7 +64,7 @@ def views(store: Any, settings: Settings, now: datetime) -> list[PartnerView]:
     breakers = {str(doc["name"]): BreakerState.from_document(doc) for doc in store.breakers()}
     parked = store.parked_counts()
     rates = Partners(store, settings)
-    names = sorted({*breakers, *parked, *dict(settings.partner_rates)})
+    names = sorted({*breakers, *parked, *rates.rates})
     return [_view(name, breakers.get(name, BreakerState()), parked.get(name, 0),
                   rates.rate(name), now) for name in names]
 
@@ -87,10 +89,30 @@ def describe(state: BreakerState, now: datetime) -> tuple[str, datetime | None, 
     return CLOSED, None, "closed"
 
 
-def steer(store: Any, name: str, *, hold_open: bool, why: str, by: str,
-          now: datetime) -> BreakerState:
-    """Hold partner ``name``'s breaker open, or close it (and bring its parked events back)."""
+def stored_name(store: Any, name: str, settings: Settings | None = None) -> str:
+    """Return the stored name an operator means by ``name``: as listed, else as raw.
+
+    A name that normalises to itself is both. Otherwise ``name`` is the
+    listed one when something is stored under it (a breaker, parked events)
+    or a rate is set for it, and the partner's raw name, normalised here
+    once, when not. (A raw name that is also another partner's listed name,
+    ``sha256:`` and 64 hex digits, finds the listed one.)
+    """
     stored = partner_name(name)
+    if stored == name:
+        return name
+    listed = store.breaker_get(name) is not None or name in store.parked_counts() or (
+        settings is not None and name in Partners(store, settings).rates)
+    return name if listed else stored
+
+
+def steer(store: Any, name: str, *, hold_open: bool, why: str, by: str,
+          now: datetime, settings: Settings | None = None) -> BreakerState:
+    """Hold partner ``name``'s breaker open, or close it (and bring its parked events back).
+
+    ``name`` is as listed or raw (``stored_name``; ``settings`` for the rates).
+    """
+    stored = stored_name(store, name, settings)
     after = swap(store, stored, lambda state: forced(state, now, hold_open=hold_open, why=why,
                                                      by=by))
     if after is None:

@@ -1,14 +1,14 @@
 """``eventbus partners``: each partner's breaker, failures, parked events and rate;
 ``eventbus partners open|close NAME --why ...`` holds a breaker open or closes it, audited
-(``eventbus.ops.breakers``)."""
+(``eventbus.ops.partner_ops``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from eventbus.ops.breakers import PartnerView, SteerError, describe, steer, views
 from eventbus.ops.commands.common import Tools, UsageError, add_json
+from eventbus.ops.partner_ops import PartnerView, SteerError, describe, steer, views
 from eventbus.ops.render import safe, table
 
 
@@ -21,7 +21,7 @@ def add(commands: Any) -> None:
     for action, words in (("open", "hold a partner's breaker open: its events are parked"),
                           ("close", "close a partner's breaker; its parked events come back")):
         steering = actions.add_parser(action, help=words)
-        steering.add_argument("name", help="the partner (its breaker's name)")
+        steering.add_argument("name", help="the partner, as listed or its raw id")
         steering.add_argument("--why", required=True, help="the reason, kept in the audit entry")
         add_json(steering)
         steering.set_defaults(run=cmd_steer)
@@ -51,7 +51,7 @@ def cmd_steer(args: argparse.Namespace, tools: Tools) -> int:
     hold_open, now = args.action == "open", tools.now()
     try:
         after = steer(tools.store(), args.name, hold_open=hold_open, why=args.why,
-                      by=tools.ops.operator, now=now)
+                      by=tools.ops.operator, now=now, settings=tools.settings)
     except SteerError as exc:
         print(f"eventbus: {exc}", file=tools.err)
         return 1
