@@ -66,9 +66,11 @@ def event(event_type: str = "TEST", **data: Any) -> dict[str, Any]:
             "entity_data": data}
 
 
-def app_router(partner_url: str = NO_PARTNER) -> Router:
-    """Return the partner app's own router, calling partners at ``partner_url``."""
-    return create_router(AppSettings(partners=PartnerSettings(url=partner_url)))
+def app_router(partner_url: str = NO_PARTNER, notify_async: bool = False) -> Router:
+    """Return the partner app's own router, calling partners at ``partner_url`` (with the
+    ``async def`` notifier when ``notify_async``)."""
+    return create_router(AppSettings(partners=PartnerSettings(url=partner_url,
+                                                              notify_async=notify_async)))
 
 
 def memory_database() -> Database:
@@ -98,7 +100,15 @@ ENTRIES = ("wsgi", "asgi")
 
 
 @pytest.fixture()
-def make_harness(settings: Settings, entry: str, request: pytest.FixtureRequest) -> Make:
+def notify_async() -> bool:
+    """Whether the app's router calls partners from its ``async def`` notifier (modules that
+    test the partner call override it with both)."""
+    return False
+
+
+@pytest.fixture()
+def make_harness(settings: Settings, entry: str, notify_async: bool,
+                 request: pytest.FixtureRequest) -> Make:
     def make(router: Router | None = None, after_success: AfterSuccess | None = None,
              clock: FakeClock | None = None, publisher: MessagePublisher | None = None,
              partner_url: str = NO_PARTNER, store: MemoryEventStore | None = None,
@@ -111,9 +121,11 @@ def make_harness(settings: Settings, entry: str, request: pytest.FixtureRequest)
         if store is None:  # on the harness's clock: the store's clock is the one tests move
             store = MemoryEventStore(lease=dt.timedelta(seconds=final.lease_seconds),
                                      created_by=final.service, database=db, clock=clock)
-        router = router if router is not None else app_router(partner_url)
+        router = router if router is not None else app_router(partner_url, notify_async)
         app = create_app(router, final, store, now=clock, after_success=after_success,
                          publisher=publisher)
+        # The processor's event loop (async handlers) ends with the test.
+        request.addfinalizer(lambda: app.extensions["eventbus"].processor.close(grace=0))
         client: Any = app.test_client()
         if entry == "asgi":
             client = AsgiClient(asgi_app(app))
