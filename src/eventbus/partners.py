@@ -63,7 +63,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from eventbus.model.errors import BreakerOpen, Classification, Classifier, RateLimited
+from eventbus.model.errors import (
+    BreakerOpen,
+    Classification,
+    Classifier,
+    RateLimited,
+    ReplayRefused,
+)
 from eventbus.settings import Settings
 from eventbus.store.base import PartnerStore
 from eventbus.store.documents.partner_documents import RateLimit
@@ -249,6 +255,7 @@ class Partner:
         The effect's transient failure counts toward opening the breaker;
         its return (or a permanent failure: the partner answered) closes it.
         """
+        self._refuse_replay()
         seen = self._admit()
         self.partners.pace(self.name)
         try:
@@ -269,6 +276,7 @@ class Partner:
         The store calls run in a thread and a wait for the rate is
         ``asyncio.sleep``, so nothing here blocks the event loop.
         """
+        self._refuse_replay()
         seen = await asyncio.to_thread(self._admit)
         await self.partners.pace_async(self.name)
         try:
@@ -280,6 +288,12 @@ class Partner:
             raise
         await asyncio.to_thread(self._after, seen, None)
         return result
+
+    def _refuse_replay(self) -> None:
+        if self.partners.refused:
+            # Replay mode: a call outside the guard may have run before; see model.replay.
+            raise ReplayRefused(f"partner call to {self.name!r} outside the guard: "
+                                f"{self.partners.refused}")
 
     def _admit(self) -> BreakerState:
         store, policy = self.partners.store, self.partners.policy
@@ -347,6 +361,8 @@ class Partners:
         ``time.sleep``.
         """
         self.store, self.settings = store, settings
+        self.refused = ""
+        """Set in replay mode without new calls: why ``Partner.call`` refuses."""
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
         self.sleep = sleep or getattr(now, "sleep", None) or time.sleep

@@ -324,3 +324,41 @@ def test_push_answers_an_async_handler_as_a_sync_one() -> None:
         assert (store.get(failing.get_json()["idempotency_key"]) or {})["retryable"] is True
     finally:
         app.extensions["eventbus"].processor.close()
+
+
+def test_a_rebuild_runs_async_handlers_with_the_async_guard_and_refused_partner_calls() -> None:
+    from eventbus.model.errors import ReplayRefused
+    from eventbus.store.operator_queries import EventQuery
+    from tests.service.test_rebuild import rebuild
+
+    calls, db = [], {}
+
+    def router(factor: int, outside_guard: bool = False) -> Router:
+        routes = Router()
+
+        @routes.handler("OR_MGMT")
+        async def on_order(context: Context) -> None:
+            await asyncio.sleep(0)
+            db[context.event.entity_metadata.entity_id] = context.event.entity_data["n"] * factor
+
+            async def call() -> dict[str, int]:
+                calls.append(context.key)
+                return {"status_code": 200}
+
+            await context.guard.run_async(context.key, call)
+            if outside_guard:
+                await context.partner("acme").call_async(call)
+
+        return routes
+
+    with LocalBus(router(10)) as bus:
+        keys = [bus.publish("OR_MGMT", {"n": n}, entity={**ENTITY, "entity_id": f"o-{n}"})
+                for n in range(1, 4)]
+        assert db == {"o-1": 10, "o-2": 20, "o-3": 30} and len(calls) == 3
+        _, report = rebuild(bus, router(1), query=EventQuery(event_type="OR_MGMT"))
+        assert db == {"o-1": 1, "o-2": 2, "o-3": 3}  # the fixed code ran, awaited
+        assert len(calls) == 3  # the async guard returned the stored results: no new call
+        assert report.counts["rebuilt"] == 3
+        _, refused = rebuild(bus, router(1, outside_guard=True), keys=(keys[0],))
+        assert refused.counts["failed"] == 1 and len(calls) == 3
+        assert ReplayRefused.__name__ in str((bus.record(keys[0]) or {}).get("replays"))
