@@ -28,6 +28,7 @@ from eventbus.partners import OPEN, Partners
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.testing import FakeClock
+from tests import aio
 from tests.contract.conftest import LEASE, StoreClock, new_key
 
 T = TypeVar("T")
@@ -53,10 +54,11 @@ class Threads:
 
 
 def on_loop(coroutine: Callable[[], Awaitable[T]]) -> tuple[T, int]:
-    """Run ``coroutine()`` on a fresh loop; its result and the loop thread's id."""
+    """Run ``coroutine()`` on a fresh loop in a thread of its own (``tests.aio``); its result
+    and the loop thread's id."""
     async def main() -> tuple[T, int]:
         return await coroutine(), threading.get_ident()
-    return asyncio.run(main())
+    return aio.run(main())
 
 
 def guard(store: Any, clock: Callable[[], datetime]) -> Guard:
