@@ -17,6 +17,11 @@ The call goes through the partner's breaker (``context.partner``): while a
 partner is down its notifications are parked and acked, and the redrive
 brings them back when its breaker lets a probe through.
 
+With ``EVENTBUS_PARTNER_NOTIFY_ASYNC`` on, step 1 is ``AsyncPartnerNotifier``:
+an ``async def`` handler awaiting ``AsyncPartnerClient.deliver`` (httpx, the
+async guard and breaker), so a worker or an instance has as many partner
+calls in flight as ``EVENTBUS_ASYNC_CONCURRENCY`` allows, not one per thread.
+
 The notifier owns its HTTP clients, the library's, built once: the sync one
 on the app's session when the routes are built (``eventbus.deadline.Client``:
 a session that cannot honour the call's deadline is refused then, at
@@ -96,6 +101,21 @@ class PartnerNotifier:
         return partner_url(self.settings.url, context.event.entity_metadata.partner_id)
 
 
+class AsyncPartnerNotifier(PartnerNotifier):
+    """The ``PARTNER_NOTIFY`` step as an ``async def`` handler: the same body, URL, guard key,
+    breaker and child, the call awaited on httpx (``AsyncPartnerClient.deliver``)."""
+
+    async def __call__(self, context: Context) -> None:  # type: ignore[override]
+        """Call the partner once for this event (awaited), then emit that it was sent."""
+        body = self.body(context)
+        partner = context.partner(context.event.entity_metadata.partner_id)
+        delivered = await self.async_client().deliver(context.guard, context.key,
+                                                      lambda: self.url(context), body, partner)
+        context.emit(SENT, {"kind": body["kind"], "payload": body["payload"],
+                            "notification": context.key, "statusCode": delivered.status_code},
+                     direction="OUT")
+
+
 def on_partner_notify_sent(context: Context) -> None:
     """Record the sent notification once, under the key of the call that sent it."""
     data = context.event.entity_data
@@ -117,6 +137,7 @@ def create_routes(settings: PartnerSettings, session: requests.Session | None = 
                   async_http: httpx.AsyncClient | None = None) -> Router:
     """Return the two notification steps (internal: only the relay sends them)."""
     routes = Router()
-    routes.handler(NOTIFY, internal=True)(PartnerNotifier(settings, session, async_http))
+    notifier = AsyncPartnerNotifier if settings.notify_async else PartnerNotifier
+    routes.handler(NOTIFY, internal=True)(notifier(settings, session, async_http))
     routes.handler(SENT, internal=True)(on_partner_notify_sent)
     return routes

@@ -212,6 +212,20 @@ class AsyncPartnerClient:
         """``http``: the library's async client; ``timeout``: the call's total deadline."""
         self.http, self.timeout = http, timeout
 
+    async def deliver(self, guard: Guard, key: str, url: str | Callable[[], str],
+                      body: Mapping[str, Any], partner: Partner | None = None) -> Delivered:
+        """``PartnerClient.deliver`` awaited: once per ``key`` (``guard.run_async``), through
+        ``partner``'s breaker and rate (``call_async``); the URL built inside the guard."""
+        async def effect() -> dict[str, Any]:
+            target = url() if callable(url) else url
+            return {"status_code": await self.call(key, target, body), "url": target}
+
+        async def through_partner() -> dict[str, Any]:
+            return await (partner.call_async(effect) if partner is not None else effect())
+
+        done = await guard.run_async(key, through_partner, classify=_classification)
+        return Delivered(key, int(done.result.get("status_code", 0)), skipped=done.skipped)
+
     async def call(self, key: str, url: str, body: Mapping[str, Any]) -> int:
         """POST ``body`` to ``url`` with ``key``'s header; the status, or raise its failure."""
         headers = {"Idempotency-Key": idempotency_header(key)}

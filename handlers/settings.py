@@ -13,6 +13,7 @@ from eventbus.settings import (
     Parser,
     Settings,
     SettingsError,
+    parse_bool,
     parse_float,
     parse_list,
     read_env,
@@ -44,12 +45,16 @@ class PartnerSettings:
     timeout_seconds: float = 5.0
     extra_modules: tuple[str, ...] = ()
     """More handler modules to include (each exposes ``routes``), e.g. test handlers."""
+    notify_async: bool = False
+    """Run the partner call (``PARTNER_NOTIFY``) as an ``async def`` handler on httpx: many
+    calls await at once on one event loop instead of holding a thread each."""
 
 
 PARTNER_SOURCES: dict[str, tuple[str, Parser]] = {
     "url": ("EVENTBUS_PARTNER_URL", parse_url_template),
     "timeout_seconds": ("EVENTBUS_PARTNER_TIMEOUT_SECONDS", parse_float),
     "extra_modules": ("EVENTBUS_HANDLER_MODULES", parse_list),
+    "notify_async": ("EVENTBUS_PARTNER_NOTIFY_ASYNC", parse_bool),
 }
 
 

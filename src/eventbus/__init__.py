@@ -7,9 +7,10 @@ Build a service::
     routes = Router()
 
     @routes.handler("OR_MGMT", versions=("v2",))
-    def on_order(context): ...
+    def on_order(context): ...           # or: async def on_order(context): await ...
 
     app = create_app(routes)             # gunicorn main:app
+    asgi = asgi_app(app)                 # or uvicorn main:asgi (the same service)
     worker = create_worker(routes)       # or a pull worker (no Flask): eventbus worker
 
 Publish from another service (needs only google-cloud-pubsub)::
@@ -44,6 +45,7 @@ The layers, each a package that says what it may import:
 * ``eventbus.deadline_async`` the same for async code, on httpx;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
+                         ``asgi_app``: the same service as an ASGI app (Starlette);
 * ``eventbus.contracts`` public contracts as files: schemas, the compatibility check;
 * ``eventbus.workers``   the pull worker, the relay and redrive sweepers' loops,
                          the dead-letter drain;
@@ -69,12 +71,15 @@ from eventbus.settings import Settings
 
 if TYPE_CHECKING:
     from eventbus.web.app import create_app, push_target
+    from eventbus.web.asgi import asgi_app
     from eventbus.workers.pull import create_worker
 
 __all__ = ["Context", "PermanentError", "Publisher", "Router", "Settings", "TransientError",
-           "contract", "create_app", "create_worker", "path", "publish", "push_target"]
+           "asgi_app", "contract", "create_app", "create_worker", "path", "publish",
+           "push_target"]
 
 _LAZY = {"create_app": "eventbus.web.app", "push_target": "eventbus.web.app",
+         "asgi_app": "eventbus.web.asgi",
          "create_worker": "eventbus.workers.pull"}
 
 

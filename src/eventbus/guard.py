@@ -19,6 +19,17 @@ past its lease, so its renewals stop) after the effect started and before
 SUCCESS was stored. Passing the key on to the other side (an
 ``Idempotency-Key`` header) closes it.
 
+``await Guard.run_async(key, effect)`` is the same for an ``async def``
+handler: ``effect`` is an async callable, and the store calls (take, finish)
+go to a thread (``asyncio.to_thread``) so they never block the event loop. A
+hand-off costs 0.06 to 0.17 ms against a store round trip's 0.8 to 3.4 ms
+(measured on the 2-core development machine, 300 ``guard_get`` calls to the
+local server with and without the hand-off, beside a running bench), and keeps
+one store client for both forms; PyMongo's async client would save the
+hand-off only.
+A cancelled effect (shutdown) is recorded FAILED and its lease released, as
+any other failure.
+
 May import: ``eventbus.model``, ``eventbus.store.base`` and the pure builders of
 ``eventbus.store.documents``; it talks to the store only through
 ``guard_take`` and ``guard_finish``.
@@ -26,10 +37,11 @@ May import: ``eventbus.model``, ``eventbus.store.base`` and the pure builders of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,6 +52,8 @@ from eventbus.store.documents import error_document
 
 Effect = Callable[[], Mapping[str, Any] | None]
 """A side effect; what it returns (a mapping, or None for nothing) is stored as its result."""
+AsyncEffect = Callable[[], Awaitable[Mapping[str, Any] | None]]
+"""An async side effect (``Guard.run_async``): awaited, its result stored as ``Effect``'s."""
 Keeper = Callable[[str, str], contextlib.AbstractContextManager[Any]]
 """Keeps a guard's lease (key, owner) alive for a block: the processor's heartbeat."""
 
@@ -89,6 +103,24 @@ class Guard:
         self.store.guard_finish(key, owner, self.now(), succeeded=True, result=result)
         return Guarded(key, result, skipped=False)
 
+    async def run_async(self, key: str, effect: AsyncEffect, *,
+                        classify: Callable[[BaseException], str] = lambda exc: "transient",
+                        ) -> Guarded:
+        """``run`` for an async ``effect``, awaited; the store calls run in a thread."""
+        owner = uuid.uuid4().hex
+        done = await asyncio.to_thread(self.store.guard_take, key, owner, self.now(), self.lease)
+        if done is not None:
+            return Guarded(key, dict(done.get("result") or {}), skipped=True)
+        try:
+            with self.keep(key, owner):
+                result = dict(await effect() or {})
+        except BaseException as exc:  # CancelledError too: the lease goes back at once
+            await asyncio.to_thread(self.store.guard_finish, key, owner, self.now(),
+                                    succeeded=False, result=error_document(exc, classify(exc)))
+            raise
+        await asyncio.to_thread(self.store.guard_finish, key, owner, self.now(), succeeded=True,
+                                result=result)
+        return Guarded(key, result, skipped=False)
 
 class ReplayGuard(Guard):
     """The guard of replay mode (``eventbus.model.replaying``): a guarded effect is never run again.
@@ -113,3 +145,15 @@ class ReplayGuard(Guard):
             raise ReplayRefused(f"guarded call {key!r} never succeeded before; a rebuild makes "
                                 "it only with --allow-new-calls")
         return super().run(key, effect, classify=classify)
+
+    async def run_async(self, key: str, effect: AsyncEffect, *,
+                        classify: Callable[[BaseException], str] = lambda exc: "transient",
+                        ) -> Guarded:
+        """``run`` for an async handler: the read in a thread, a new call only when allowed."""
+        done = await asyncio.to_thread(self.store.guard_get, key)
+        if done is not None and done.get("status") == Status.SUCCESS:
+            return Guarded(key, dict(done.get("result") or {}), skipped=True)
+        if not self.new_calls:
+            raise ReplayRefused(f"guarded call {key!r} never succeeded before; a rebuild makes "
+                                "it only with --allow-new-calls")
+        return await super().run_async(key, effect, classify=classify)

@@ -3,6 +3,8 @@
 A handler makes an outbound call through its partner::
 
     context.partner(partner_id).call(lambda: post(...))
+    await context.partner(partner_id).call_async(lambda: client.post(...))   # async def
+
 
 (the HTTP call itself on the library's client, ``eventbus.deadline.Client``,
 so it ends within its deadline however the app wired its session).
@@ -38,6 +40,11 @@ State moves by pure functions (``admit``, ``succeeded``, ``failed``,
 ``forced``) over ``BreakerState``, written back by compare-and-swap
 (``EventStore.breaker_swap``): single-document writes, no transaction.
 
+**Async.** ``call_async`` is ``call`` for an async effect, with the same
+breaker and rate decisions (the same pure functions over the same stored
+state); its store calls go to a thread (``asyncio.to_thread``) and a wait for a
+rate token is ``asyncio.sleep``, so the event loop never blocks on them.
+
 **One clock.** Every time a breaker stores or compares (``opened_at``,
 ``open_until``, ``probe_until``, the ``until`` of ``BreakerOpen``) is the
 store's (``store.now()``: the memory store's clock, MongoDB's server clock),
@@ -47,11 +54,12 @@ its own waits (``sleep``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -247,10 +255,7 @@ class Partner:
         The effect's transient failure counts toward opening the breaker;
         its return (or a permanent failure: the partner answered) closes it.
         """
-        if self.partners.refused:
-            # Replay mode: a call outside the guard may have run before; see model.replay.
-            raise ReplayRefused(f"partner call to {self.name!r} outside the guard: "
-                                f"{self.partners.refused}")
+        self._refuse_replay()
         seen = self._admit()
         self.partners.pace(self.name)
         try:
@@ -264,6 +269,31 @@ class Partner:
             raise
         self._after(seen, None)
         return result
+
+    async def call_async(self, effect: Callable[[], Awaitable[T]]) -> T:
+        """``call`` for an async ``effect`` (awaited); the same breaker and rate rules.
+
+        The store calls run in a thread and a wait for the rate is
+        ``asyncio.sleep``, so nothing here blocks the event loop.
+        """
+        self._refuse_replay()
+        seen = await asyncio.to_thread(self._admit)
+        await self.partners.pace_async(self.name)
+        try:
+            result = await effect()
+        except Exception as exc:
+            after = await asyncio.to_thread(self._after, seen, exc)
+            if after is not None and after.state == OPEN and after.open_until is not None:
+                raise BreakerOpen(self.name, after.open_until, "opened by this call") from exc
+            raise
+        await asyncio.to_thread(self._after, seen, None)
+        return result
+
+    def _refuse_replay(self) -> None:
+        if self.partners.refused:
+            # Replay mode: a call outside the guard may have run before; see model.replay.
+            raise ReplayRefused(f"partner call to {self.name!r} outside the guard: "
+                                f"{self.partners.refused}")
 
     def _admit(self) -> BreakerState:
         store, policy = self.partners.store, self.partners.policy
@@ -347,13 +377,29 @@ class Partners:
         """Calls per second allowed to the partner stored as ``name`` (0: no limit)."""
         return self.rates.get(name, self.settings.partner_rate)
 
-    def pace(self, name: str) -> None:
+    async def pace_async(self, name: str) -> None:
+        """``pace`` for the event loop: the take in a thread, the wait an ``asyncio.sleep``.
+
+        A fake clock's ``sleep`` (tests) is called as it is: it only moves the clock.
+        """
+        if self.rate(name) <= 0:
+            return
+        if self.sleep is not time.sleep:
+            await asyncio.to_thread(self.pace, name)
+            return
+        waits: list[float] = []
+        await asyncio.to_thread(self.pace, name, waits.append)
+        if waits:
+            await asyncio.sleep(waits[0])
+
+    def pace(self, name: str, wait: Callable[[float], None] | None = None) -> None:
         """Take a token of ``name``'s shared bucket; wait briefly for it or raise ``RateLimited``.
 
         One round trip: the store reserves the next token when it is at most
         ``partner_rate_wait_seconds`` away (this call then sleeps until it),
         else takes nothing and answers when the next one is free, the
-        ``until`` the event is parked to.
+        ``until`` the event is parked to. ``wait`` replaces ``sleep`` for this call
+        (``pace_async`` collects the wait and sleeps on the loop).
         """
         rate = self.rate(name)
         if rate <= 0:
@@ -364,4 +410,4 @@ class Partners:
         if not took.taken:
             raise RateLimited(name, took.until, f"over {rate:g} calls/s")
         if took.wait > timedelta(0):
-            self.sleep(took.wait.total_seconds())
+            (wait or self.sleep)(took.wait.total_seconds())

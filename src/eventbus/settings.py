@@ -131,6 +131,17 @@ def parse_choice(*choices: str) -> Parser:
     return parse
 
 
+def parse_seconds(value: str) -> float:
+    """Parse a duration in seconds: a finite number, 0 or more (0: off, or at once)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise SettingsError(f"not a number: {value!r}") from None
+    if not number >= 0 or number == float("inf"):
+        raise SettingsError(f"must be 0 or a positive number of seconds: {value!r}")
+    return number
+
+
 def setting(default: Any = dataclasses.MISSING, *, env: str, parse: Parser, doc: str,
             default_factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field read from the variable ``env`` with ``parse``; ``doc`` says what it does.
@@ -221,6 +232,21 @@ class Settings:
         doc="How many parents of a pulled batch the inline relay publishes the children of "
             "at once (each publish waits for Pub/Sub's answer); parents whose children share "
             "an ordering key go one after another.")
+    async_concurrency: int = setting(
+        100, env="EVENTBUS_ASYNC_CONCURRENCY", parse=parse_int,
+        doc="How many `async def` handlers may await at once in one process (they run on "
+            "the processor's one event loop; a batch's sync handlers keep their threads). "
+            "A waiting coroutine costs kilobytes, a thread megabytes: far above "
+            "`--concurrency`.")
+    async_block_warning_seconds: float = setting(
+        0.5, env="EVENTBUS_ASYNC_BLOCK_WARNING_SECONDS", parse=parse_seconds,
+        doc="An async handler that holds the event loop this long (`time.sleep` or a sync "
+            "client inside `async def`) is named in a warning; 0 turns the watchdog off.")
+    async_stop_grace_seconds: float = setting(
+        5.0, env="EVENTBUS_ASYNC_STOP_GRACE_SECONDS", parse=parse_seconds,
+        doc="At shutdown (a worker's SIGTERM, the ASGI app's lifespan end), async handlers "
+            "still awaiting after this long are cancelled: their events are given back "
+            "(nacked or 503, the attempt not spent) and come back.")
     guard_collection: str = setting(
         "side_effects", env="EVENTBUS_GUARD_COLLECTION", parse=parse_str,
         doc="The collection of guarded side effects (`context.guard`), one document per key.")

@@ -5,7 +5,9 @@ or unit tests": given a router (and optionally a store, by default
 in-memory), ``publish(...)`` takes the same arguments as ``eventbus.publish``
 and runs the event, and every child it emits, in-process and synchronously,
 through the same processor and relay as the service, with a fake clock and
-a capturing publisher::
+a capturing publisher (``async def`` handlers are awaited on the processor's
+event loop, as in the service; ``close()``, or ``with LocalBus(...) as bus``,
+ends it)::
 
     bus = LocalBus(routes)
     key = bus.publish("OR_MGMT", {...}, entity={...})
@@ -203,6 +205,18 @@ class LocalBus:
         return Delivery(data=message.data, attributes=message.attributes,
                         message_id=message.message_id, publish_time=self.clock().isoformat(),
                         ordering_key=message.ordering_key, form="local")
+
+    def close(self) -> None:
+        """End the processor's event loop (started by the first ``async def`` handler)."""
+        self.processor.close(grace=0)
+
+    def __enter__(self) -> LocalBus:
+        """``with LocalBus(routes) as bus:`` closes it at the end."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the bus."""
+        self.close()
 
     def record(self, key: str) -> Record | None:
         """Return the stored record of ``key``."""

@@ -1,5 +1,7 @@
 """Fixtures for the service tests: the real Flask app on the in-memory store, no server.
 
+The harness posts to the Flask app, or (``entry`` ``asgi``) to ``asgi_app`` over it.
+
 The app is ``eventbus.create_app`` with a ``MemoryEventStore``, a fake clock
 and, when a test relays, a capturing publisher. Handlers that keep
 projections or notifications write to a ``mongomock`` database.
@@ -19,7 +21,7 @@ import mongomock
 import pytest
 from pymongo.database import Database
 
-from eventbus import create_app
+from eventbus import asgi_app, create_app
 from eventbus.model.router import Router
 from eventbus.processor import AfterSuccess
 from eventbus.pubsub.message import MessagePublisher
@@ -28,6 +30,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from handlers import create_router
 from handlers.settings import AppSettings, PartnerSettings
+from tests.asgi_client import AsgiClient
 
 START = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 # Nothing listens here: the app's default router for tests that make no partner call.
@@ -63,9 +66,11 @@ def event(event_type: str = "TEST", **data: Any) -> dict[str, Any]:
             "entity_data": data}
 
 
-def app_router(partner_url: str = NO_PARTNER) -> Router:
-    """Return the partner app's own router, calling partners at ``partner_url``."""
-    return create_router(AppSettings(partners=PartnerSettings(url=partner_url)))
+def app_router(partner_url: str = NO_PARTNER, notify_async: bool = False) -> Router:
+    """Return the partner app's own router, calling partners at ``partner_url`` (with the
+    ``async def`` notifier when ``notify_async``)."""
+    return create_router(AppSettings(partners=PartnerSettings(url=partner_url,
+                                                              notify_async=notify_async)))
 
 
 def memory_database() -> Database:
@@ -84,7 +89,26 @@ Make = Callable[..., Harness]
 
 
 @pytest.fixture()
-def make_harness(settings: Settings) -> Make:
+def entry() -> str:
+    """Which push entry the harness's client posts to: ``wsgi`` (Flask's test client on
+    ``create_app``) here; modules of hostile input override it with both (``ENTRIES``)."""
+    return "wsgi"
+
+
+ENTRIES = ("wsgi", "asgi")
+"""``wsgi``: the Flask app (gunicorn's ``main:app``); ``asgi``: ``asgi_app`` over it (uvicorn's)."""
+
+
+@pytest.fixture()
+def notify_async() -> bool:
+    """Whether the app's router calls partners from its ``async def`` notifier (modules that
+    test the partner call override it with both)."""
+    return False
+
+
+@pytest.fixture()
+def make_harness(settings: Settings, entry: str, notify_async: bool,
+                 request: pytest.FixtureRequest) -> Make:
     def make(router: Router | None = None, after_success: AfterSuccess | None = None,
              clock: FakeClock | None = None, publisher: MessagePublisher | None = None,
              partner_url: str = NO_PARTNER, store: MemoryEventStore | None = None,
@@ -97,9 +121,15 @@ def make_harness(settings: Settings) -> Make:
         if store is None:  # on the harness's clock: the store's clock is the one tests move
             store = MemoryEventStore(lease=dt.timedelta(seconds=final.lease_seconds),
                                      created_by=final.service, database=db, clock=clock)
-        router = router if router is not None else app_router(partner_url)
+        router = router if router is not None else app_router(partner_url, notify_async)
         app = create_app(router, final, store, now=clock, after_success=after_success,
                          publisher=publisher)
-        return Harness(app.test_client(), store, clock, router, app, db)
+        # The processor's event loop (async handlers) ends with the test.
+        request.addfinalizer(lambda: app.extensions["eventbus"].processor.close(grace=0))
+        client: Any = app.test_client()
+        if entry == "asgi":
+            client = AsgiClient(asgi_app(app))
+            request.addfinalizer(client.close)
+        return Harness(client, store, clock, router, app, db)
 
     return make

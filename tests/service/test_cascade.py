@@ -77,6 +77,12 @@ class Cascade:
         return str(root)
 
 
+@pytest.fixture(params=[False, True], ids=["sync-notify", "async-notify"])
+def notify_async(request: pytest.FixtureRequest) -> bool:
+    """The partner call runs as the sync notifier and as the ``async def`` one (httpx)."""
+    return bool(request.param)
+
+
 @pytest.fixture()
 def partner() -> Iterator[PartnerServer]:
     with PartnerServer() as server:

@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from eventbus.model.context import Context
 from eventbus.model.router import Router
 from tests import golden
-from tests.service.conftest import Harness, Make, event
+from tests.service.conftest import ENTRIES, Harness, Make, event
+
+
+@pytest.fixture(params=ENTRIES)
+def entry(request: pytest.FixtureRequest) -> str:
+    """Every test here runs against both push entries: the Flask app and the ASGI app."""
+    return str(request.param)
 
 NEW_FORMS = [
     ("cloudevent_structured_no_message_id.json", "cloudevent", "2070443601311546"),

@@ -32,7 +32,13 @@ from hypothesis import strategies as st
 
 from eventbus.model.context import Context
 from eventbus.model.router import Router
-from tests.service.conftest import Harness, Make, event
+from tests.service.conftest import ENTRIES, Harness, Make, event
+
+
+@pytest.fixture(params=ENTRIES)
+def entry(request: pytest.FixtureRequest) -> str:
+    """Every test here runs against both push entries: the Flask app and the ASGI app."""
+    return str(request.param)
 
 EVENT_TYPES = ("OR_MGMT", "SUB_MGMT", "PROM_MGMT", "X")
 

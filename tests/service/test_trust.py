@@ -12,6 +12,8 @@ import datetime as dt
 import json
 from typing import Any
 
+import pytest
+
 from eventbus.model.context import Context
 from eventbus.model.keys import child_key, rejected_key
 from eventbus.model.router import Router
@@ -19,7 +21,13 @@ from eventbus.outbox.relay import Relay
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import CapturingPublisher, FakeClock
 from handlers.notifications import NOTIFY
-from tests.service.conftest import START, Harness, Make, event, memory_database
+from tests.service.conftest import ENTRIES, START, Harness, Make, event, memory_database
+
+
+@pytest.fixture(params=ENTRIES)
+def entry(request: pytest.FixtureRequest) -> str:
+    """Every test here runs against both push entries: the Flask app and the ASGI app."""
+    return str(request.param)
 
 
 def counting_router(*internal: str) -> tuple[Router, list[str]]:

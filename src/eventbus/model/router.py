@@ -25,7 +25,9 @@ unhandled type; the processor calls it when the app is built.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from eventbus.model.context import Context
@@ -34,7 +36,8 @@ from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.forward import Forward, Forwards, Path
 from eventbus.model.replaying import REPLAY_POLICIES, ReplayPolicy
 
-Handler = Callable[[Context], None]
+Handler = Callable[[Context], None] | Callable[[Context], Awaitable[None]]
+"""A handler: a function of the context, or a coroutine function (``async def``)."""
 Upcaster = Callable[[Event], Event]
 _MAX_UPCASTS = 16
 
@@ -58,6 +61,14 @@ class Route:
     """What a rebuild does with this route (``eventbus.model.replaying``): ``run`` it again
     in replay mode (the default: a rebuild exists to re-run handlers, and the guard keeps
     their calls from repeating), or ``skip`` it (a pure notifier: never re-run)."""
+
+    @functools.cached_property
+    def is_async(self) -> bool:
+        """True when the handler is a coroutine function: the processor awaits it on its loop."""
+        handler = self.handler
+        # An object whose __call__ is async counts too (its type's method, as Python calls it).
+        return inspect.iscoroutinefunction(handler) or \
+            inspect.iscoroutinefunction(type(handler).__call__)
 
     def upcast(self, event: Event) -> Event:
         """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``.

@@ -8,7 +8,8 @@
 2. **refuse** what can never run (stored FAILED for good, bounded);
 3. **claim** every routed key in one ``claim_many``;
 4. **handle**: each claimed event's handler (``concurrency`` threads for a
-   batch), under leases the ``Heartbeat`` renews; the outcome waits;
+   batch; ``async def`` handlers side by side on the processor's event loop,
+   ``HandlerLoop``), under leases the ``Heartbeat`` renews; the outcome waits;
 5. **finish**: one ``finish_many`` stores every outcome; a lease another
    worker took meanwhile, or children the store refuses, settle the answer;
 6. **relay**: ``after_success`` (the inline relay) for each SUCCESS with
@@ -21,8 +22,10 @@ stages make no telemetry calls: observers are ``Middleware`` around them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 import time
 import uuid
@@ -47,6 +50,7 @@ from eventbus.model.errors import (
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.partners import Partners
+from eventbus.processor.handler_loop import HandlerLoop
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
 from eventbus.processor.middleware import Middleware
@@ -128,6 +132,9 @@ class Processor:
         self._monotonic = monotonic
         self.concurrency = max(1, concurrency)
         self._pool: ThreadPoolExecutor | None = None
+        self.handler_loop = HandlerLoop(settings.async_concurrency,
+                                        block_warning=settings.async_block_warning_seconds)
+        """Where ``async def`` handlers run: one loop, started with the first of them."""
 
     def locate(self, delivery: Delivery) -> Located:
         """Return the key and record fields ``delivery`` gets (see ``Intake.locate``)."""
@@ -152,8 +159,22 @@ class Processor:
             tracecontext.leave(scope)
         return [item.result or _unavailable("no result") for item in items]
 
-    def close(self) -> None:
-        """Stop the handler threads of batches (after the batch in flight), and the hook's."""
+    def stop(self, grace: float | None = None) -> None:
+        """Cancel the async handlers still awaiting ``grace`` seconds from now; returns at once.
+
+        A worker's ``stop()`` calls it (default ``Settings.async_stop_grace_seconds``):
+        a cancelled handler's event is given back (IN_PROGRESS: nacked, its attempt
+        not spent), so the batch in flight ends soon and nothing is lost.
+        """
+        self.handler_loop.cancel_after(self.settings.async_stop_grace_seconds
+                                       if grace is None else grace)
+
+    def close(self, grace: float | None = None) -> None:
+        """Stop the async handlers (see ``stop``: cancelled after ``grace`` seconds, their
+        events given back), the handler threads of batches (after the batch in flight),
+        and the hook's."""
+        self.handler_loop.close(self.settings.async_stop_grace_seconds
+                                if grace is None else grace)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if isinstance(self.after_success, BatchAfterSuccess):
@@ -241,13 +262,34 @@ class Processor:
             with self.heartbeat.holding(entities) if entities else _NO_HOLDS as held:
                 for lane in lanes:
                     lane.hold, lane.confirmed = held.get(lane.entity_key), self._monotonic()
-                if len(lanes) > 1 and self.concurrency > 1:
-                    list(self._threads().map(lambda lane: self._run_lane(lane, leases, alone),
-                                             lanes))
-                else:
-                    for lane in lanes:
-                        self._run_lane(lane, leases, alone)
+                self._run_lanes(lanes, leases, alone)
             self._finish(claimed, [lane.release() for lane in lanes if lane.entity_key])
+
+    def _run_lanes(self, lanes: list[Lane], leases: Mapping[str, Lease], alone: bool) -> None:
+        # Lanes with an async handler go to the loop first, so they await while the
+        # sync lanes run on this thread or the batch's threads; then both are waited for.
+        # Plain loops, no comprehension: a push's walk pays nothing here (test_walk_budget).
+        awaited: list[Lane] = []
+        plain: list[Lane] = []
+        for lane in lanes:
+            for item in lane.items:
+                route = item.located.route if item.located is not None else None
+                if route is not None and route.is_async:
+                    awaited.append(lane)
+                    break
+            else:
+                plain.append(lane)
+        done = self.handler_loop.start([self._run_lane_async(lane, leases) for lane in awaited]) \
+            if awaited else None
+        try:
+            if len(plain) > 1 and self.concurrency > 1:
+                list(self._threads().map(lambda lane: self._run_lane(lane, leases, alone), plain))
+            else:
+                for lane in plain:
+                    self._run_lane(lane, leases, alone)
+        finally:
+            if done is not None:
+                done.result()
 
     def _run_lane(self, lane: Lane, leases: Mapping[str, Lease], alone: bool) -> None:
         for index, item in enumerate(lane.items):
@@ -264,6 +306,24 @@ class Processor:
                 item.pending = stale_pending(item, lane)
             else:
                 self._run(item, leases[item.key], alone, lane)
+
+    async def _run_lane_async(self, lane: Lane, leases: Mapping[str, Lease]) -> None:
+        # ``_run_lane`` on the loop: the same order, stale and hold rules; a sync handler
+        # of a mixed lane (an entity's events of two types) runs in a thread.
+        for index, item in enumerate(lane.items):
+            # Before every event, the first too (as ``_run_lane``); a confirmation is a
+            # round trip, so it is asked in a thread.
+            if lane.entity_key and not await asyncio.to_thread(self._still_held, lane):
+                for rest in lane.items[index:]:
+                    rest.pending = self.lanes.busy(rest)
+                return
+            if lane.entity_key and self.skips_stale and lane.stale(item):
+                item.pending = stale_pending(item, lane)
+            elif not await self._run_async(item, leases[item.key], lane):
+                # Shutdown cancelled it: it and the rest of its lane go back, in order.
+                for rest in lane.items[index:]:
+                    rest.pending = self._given_back(rest)
+                return
 
     def _still_held(self, lane: Lane) -> bool:
         """True while the lane's hold holds: confirmed with the store (one round trip) when
@@ -342,10 +402,56 @@ class Processor:
         try:
             context = self._context(item)
             with self._handler_scope(item, alone) as carried:
-                route.handler(context)
+                returned = route.handler(context)
+            if inspect.isawaitable(returned):
+                raise _unawaited(route.handler, returned)
         except Exception as exc:  # classified below: unknown means transient
             item.pending = self._failure(item, exc)
             return
+        self._ran(item, lease, lane, context, carried)
+
+    async def _run_async(self, item: Item, lease: Lease, lane: Lane) -> bool:
+        """``_run`` of an async handler, on the loop; False when shutdown cancelled it."""
+        assert item.claim is not None and item.located is not None
+        route = item.located.route
+        assert route is not None
+        if not route.is_async:  # a sync handler in an async lane: in a thread, as it is
+            await asyncio.to_thread(self._run, item, lease, False, lane)
+            return True
+        if self._attempts_used(item) > self.settings.max_attempts:
+            item.pending = self._failure(item, AttemptCapReached("attempt cap reached"))
+            return True
+        task = asyncio.current_task()
+        if task is not None:  # the watchdog names the handler that blocks the loop
+            task.set_name(f"async handler {_name(route.handler)} of {item.key}")
+        try:
+            context = self._context(item)
+            async with self.handler_loop.slot():
+                # Always scoped: the loop's task does not see the caller thread's trace.
+                with self._scoped(item, alone=False) as carried:
+                    await route.handler(context)  # type: ignore[misc]
+        except asyncio.CancelledError:
+            return False
+        except Exception as exc:  # classified as a sync handler's
+            item.pending = self._failure(item, exc)
+            return True
+        self._ran(item, lease, lane, context, carried)
+        return True
+
+    def _given_back(self, item: Item) -> Pending:
+        # Shutdown cancelled its handler: the claim goes back untouched (the attempt
+        # not spent), nacked or 503; the broker, or else the redrive, brings it back.
+        assert item.claim is not None
+        redrive_at = self.store.now() + timedelta(seconds=self.settings.redrive_after_seconds)
+        return Pending(Finish(item.key, item.claim.owner, unclaim=True, redrive_at=redrive_at),
+                       Result(Outcome.IN_PROGRESS, key=item.key, event_type=item.event_type,
+                              attempt=item.claim.attempt - 1, error="Cancelled"),
+                       (logging.WARNING, f"handler of {item.key} cancelled by shutdown; "
+                                         "its event is given back"))
+
+    def _ran(self, item: Item, lease: Lease, lane: Lane, context: Context,
+             carried: Mapping[str, str] | None) -> None:
+        """The handler returned: SUCCESS waits for the finish, unless the lease was lost."""
         if lease.lost:
             item.result = _lease_lost(item)
             return
@@ -472,6 +578,19 @@ class Processor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eventbus-batch")
         return self._pool
+
+
+def _name(handler: Callable[..., Any]) -> str:
+    return str(getattr(handler, "__qualname__", None) or type(handler).__qualname__)
+
+
+def _unawaited(handler: Callable[..., Any], returned: Any) -> TypeError:
+    # A sync function that returns a coroutine (a lambda around an async one) would
+    # otherwise "succeed" without running it: a bug, retried until fixed.
+    if inspect.iscoroutine(returned):
+        returned.close()
+    return TypeError(f"handler {_name(handler)} returned an awaitable it did not await: "
+                     "declare it async def (or await inside it)")
 
 
 def _undecided(item: Item) -> bool:

@@ -1,16 +1,22 @@
-"""The push endpoint, independent of which Flask app serves it.
+"""The push endpoint, independent of which app serves it.
 
-``PushService.handle`` takes a ``flask.Request`` and returns a response. The
+``PushService.answer(environ, read_body)`` is one push from a WSGI-style
+environ (its headers, path and peer) and a body reader to its JSON answer,
+status and headers, logged. ``handle`` is that for a ``flask.Request``: the
 gunicorn app (``create_app``) and the functions-framework target
-(``push_target``) both call it, so they behave the same.
+(``push_target``) call it; the ASGI entry (``eventbus.web.asgi``) calls
+``answer`` with the environ of its ASGI scope and the body it read. So all of
+them answer and log alike.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import flask
@@ -47,38 +53,43 @@ class PushService:
         return self.handle(flask.request)
 
     def handle(self, request: flask.Request) -> flask.Response:
-        """Answer one push request; 2xx acks, anything else makes Pub/Sub retry.
+        """Answer one push request; 2xx acks, anything else makes Pub/Sub retry."""
+        read = functools.partial(_read_body, request)  # no frame of its own: a push's walk
+        body, status, headers = self.answer(request.environ, read)
+        return flask.Response(body, status, headers, mimetype="application/json")
 
-        It runs in a telemetry scope: every line logged meanwhile carries the
-        request id and the trace (the push's, then the message's once known).
+    def answer(self, environ: dict[str, Any],
+               read_body: Callable[[int], bytes]) -> tuple[bytes, int, dict[str, str]]:
+        """Answer one push: its JSON body, status and headers; the request line logged.
+
+        ``environ`` is WSGI's (or built like it from an ASGI scope);
+        ``read_body(limit)`` returns at most ``limit + 1`` bytes of the body, or
+        raises ``PayloadTooLarge``. It runs in a telemetry scope: every line
+        logged meanwhile carries the request id and the trace (the push's,
+        then the message's once known).
         """
         # The headers are read once, from the WSGI environ: werkzeug's
         # ``request.headers`` looks each name up anew, a visible share of a push.
-        environ = request.environ
         headers = _headers(environ)
         request_id = _request_id(headers)
         trace = ((self._extract and self._extract(headers))
                  or tracecontext.from_headers(headers) or tracecontext.new_trace())
         with tracecontext.scope(trace, request_id):
-            return self._handle(request, environ, headers, request_id)
-
-    def _handle(self, request: flask.Request, environ: dict[str, Any], headers: dict[str, str],
-                request_id: str) -> flask.Response:
-        started = time.perf_counter()
-        result: Result | None = None
-        try:
-            result = self._process(request, headers, request_id)
-            body, status = status_table.outcome_response(result, request_id)
-        except RequestError as exc:
-            body, status = status_table.error_response(exc, request_id)
-        except Exception:  # our own bug: log it, nack it, never show a traceback
-            logger.exception("unexpected error", extra={"requestId": request_id})
-            body, status = status_table.internal_error_response(request_id)
-        _log(environ, request_id, status, started, result)
+            started = time.perf_counter()
+            result: Result | None = None
+            try:
+                result = self._process(read_body, headers, request_id)
+                body, status = status_table.outcome_response(result, request_id)
+            except RequestError as exc:
+                body, status = status_table.error_response(exc, request_id)
+            except Exception:  # our own bug: log it, nack it, never show a traceback
+                logger.exception("unexpected error", extra={"requestId": request_id})
+                body, status = status_table.internal_error_response(request_id)
+            _log(environ, request_id, status, started, result)
         # One small JSON object per push: encoded here rather than through
         # Flask's JSON provider, which costs more than the body is worth.
-        return flask.Response(json.dumps(body, separators=(",", ":"), default=str), status,
-                              {"X-Request-Id": request_id}, mimetype="application/json")
+        return (json.dumps(body, separators=(",", ":"), default=str).encode(), status,
+                {"X-Request-Id": request_id})
 
     def ensure_indexes(self) -> bool:
         """Create the collection's indexes once; False while the store is unreachable."""
@@ -90,11 +101,11 @@ class PushService:
                 logger.warning("indexes not ensured yet: %s", exc)
         return self._indexed
 
-    def _process(self, request: flask.Request, headers: dict[str, str],
+    def _process(self, read_body: Callable[[int], bytes], headers: dict[str, str],
                  request_id: str) -> Result:
         if self.authenticator is not None:
             self.authenticator.verify(headers.get("authorization", ""))
-        body = _read_body(request, self.settings.max_body_bytes)
+        body = read_body(self.settings.max_body_bytes)
         delivery = parse_delivery(body, headers)
         self.ensure_indexes()
         return self.processor.process(delivery, request_id)

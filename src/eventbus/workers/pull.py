@@ -31,8 +31,16 @@ through ``ack_with_response``; a failed ack is logged and counted, never
 retried by hand (the record already protects the effect: a redelivery is a
 duplicate).
 
+**Async handlers.** A route's ``async def`` handler runs on the processor's
+event loop (``eventbus.processor.handler_loop``): a batch's async handlers
+await side by side (up to ``EVENTBUS_ASYNC_CONCURRENCY`` in the process),
+its sync handlers run on ``--concurrency`` threads as before.
+
 **Shutdown.** ``stop()`` (SIGTERM) stops pulling, finishes the batch in
 flight, acks or nacks it, nacks what is queued but not started, and returns.
+Async handlers still awaiting ``EVENTBUS_ASYNC_STOP_GRACE_SECONDS`` after
+``stop()`` are cancelled: their events are given back (nacked, the attempt not
+spent) and come back.
 """
 
 from __future__ import annotations
@@ -153,8 +161,10 @@ class PullWorker:
         self.counters = Counters()
 
     def stop(self) -> None:
-        """Stop taking batches; the one in flight is finished and answered."""
+        """Stop taking batches; the one in flight is finished and answered (its async
+        handlers cancelled after the grace period, their events given back)."""
         self.stopping.set()
+        self.processor.stop()
 
     def run(self) -> Counters:
         """Process batches until ``stop()``; then nack what is queued but not started."""
