@@ -459,7 +459,8 @@ def describe_reason(reason: Mapping[str, Any] | None) -> str:
     if cause == "slow probe":
         return f"slow probe: {reason.get('seconds')} s (>= {reason.get('slow_seconds')} s)"
     if cause == "failed probe":
-        return f"failed probe: {reason.get('error')}"
+        # The error's full text is the breaker's ``last_error``; a reason stays one line.
+        return f"failed probe: {str(reason.get('error'))[:60]}"
     if cause == "held open":
         return f"held open by {reason.get('by')}: {reason.get('why')}"
     return cause

@@ -36,9 +36,10 @@ def cmd_list(args: argparse.Namespace, tools: Tools) -> int:
     """
     found = views(tools.store(), tools.settings, tools.now())
     rows = [_row(view) for view in found]
-    text = table(["partner", "breaker", "opened because", "failures", "last error",
-                  "slow calls", "parked", "rate/s", "bulkhead"], rows,
-                 whole=("partner",)) if rows else "no partner has a breaker or parked events"
+    headers = ["partner", "breaker", "opened because", "failures", "last error", "slow calls",
+               "parked", "rate/s", "bulkhead"]
+    text = table(headers, rows, whole=("partner", "opened because")) if rows \
+        else "no partner has a breaker or parked events"
     if rows:
         text += ("\nbulkhead: calls in flight allowed per process; the calls in flight are "
                  "each process's own (the console mounted in the service shows its process's)")
