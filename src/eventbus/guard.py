@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventbus.model.errors import ReplayRefused
+from eventbus.model.status import Status
 from eventbus.store.base import GuardStore
 from eventbus.store.documents import error_document
 
@@ -86,3 +88,28 @@ class Guard:
             raise
         self.store.guard_finish(key, owner, self.now(), succeeded=True, result=result)
         return Guarded(key, result, skipped=False)
+
+
+class ReplayGuard(Guard):
+    """The guard of replay mode (``eventbus.model.replaying``): a guarded effect is never run again.
+
+    A key that succeeded returns the result stored the first time (one read,
+    ``guard_get``); a key that never succeeded raises ``ReplayRefused``, unless
+    ``new_calls`` (the operator's ``--allow-new-calls``) lets it run as live.
+    """
+
+    def __init__(self, store: GuardStore, *, lease: timedelta, now: Callable[[], datetime],
+                 keep: Keeper | None = None, new_calls: bool = False) -> None:
+        super().__init__(store, lease=lease, now=now, keep=keep)
+        self.new_calls = new_calls
+
+    def run(self, key: str, effect: Effect, *,
+            classify: Callable[[BaseException], str] = lambda exc: "transient") -> Guarded:
+        """Return the stored result of ``key``; refuse (or, allowed, run) one never made."""
+        done = self.store.guard_get(key)
+        if done is not None and done.get("status") == Status.SUCCESS:
+            return Guarded(key, dict(done.get("result") or {}), skipped=True)
+        if not self.new_calls:
+            raise ReplayRefused(f"guarded call {key!r} never succeeded before; a rebuild makes "
+                                "it only with --allow-new-calls")
+        return super().run(key, effect, classify=classify)

@@ -84,6 +84,7 @@ from eventbus.model.errors import (
     Classification,
     Classifier,
     RateLimited,
+    ReplayRefused,
 )
 from eventbus.settings import Settings
 from eventbus.slow_calls import CallWindow, SlowPolicy, Tally
@@ -356,6 +357,7 @@ class Partner:
         its return (or a permanent failure: the partner answered) closes it;
         a slow one counts toward opening it (``eventbus.slow_calls``).
         """
+        self.refuse_in_replay()
         with self.slot():
             started = self.begin()
             try:
@@ -374,8 +376,16 @@ class Partner:
         """``slot`` for a coroutine: the same bulkhead, awaited without blocking the loop."""
         return self.partners.slot_async(self.name)
 
+    def refuse_in_replay(self) -> None:
+        """Raise ``ReplayRefused`` in replay mode without new calls (before any slot is taken)."""
+        if self.partners.refused:
+            # Replay mode: a call outside the guard may have run before; see model.replay.
+            raise ReplayRefused(f"partner call to {self.name!r} outside the guard: "
+                                f"{self.partners.refused}")
+
     def begin(self) -> Started:
         """Let a call through the breaker and the rate (raise ``PartnerPaused`` if not); time it."""
+        self.refuse_in_replay()
         seen = self._admit()
         self.partners.pace(self.name)
         return Started(seen, self.partners.monotonic())
@@ -499,6 +509,8 @@ class Partners:
         ``time.sleep`` and ``time.monotonic``.
         """
         self.store, self.settings = store, settings
+        self.refused = ""
+        """Set in replay mode without new calls: why ``Partner.call`` refuses."""
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
         self.sleep = sleep or getattr(now, "sleep", None) or time.sleep

@@ -285,6 +285,9 @@ class Settings:
     partner_collection: str = setting(
         "partners", env="EVENTBUS_PARTNER_COLLECTION", parse=parse_str,
         doc="The collection of partner breakers and shared rate buckets (`context.partner`).")
+    rebuild_collection: str = setting(
+        "rebuilds", env="EVENTBUS_REBUILD_COLLECTION", parse=parse_str,
+        doc="The collection of `eventbus rebuild` runs: selection, checkpoint and counts.")
     breaker_failures: int = setting(
         5, env="EVENTBUS_BREAKER_FAILURES", parse=parse_int,
         doc="Consecutive transient failures of a partner's calls that open its breaker.")

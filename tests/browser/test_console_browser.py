@@ -156,3 +156,25 @@ def test_the_partners_page_holds_a_breaker_open_and_closes_it(
     shot(page, tmp_path, "partners")
     assert dialogs == []
     page.close()
+
+
+def test_the_rebuilds_page_is_reached_from_the_nav_and_shows_progress(
+        browser: Any, console: Console, tmp_path: Path) -> None:
+    hostile = "<img src=x onerror=alert(4)>"
+    store = console.bus.store
+    store.rebuild_save({"rebuild_id": "rb-1", "by": "ops@example.com", "why": hostile,
+                        "started": store.now(), "status": "running", "done": 30, "total": 120,
+                        "counts": {"rebuilt": 29, "failed": 1}, "flags": {"emit_new": True}})
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(console.signed_in("/"))
+    page.get_by_role("link", name="Rebuilds").click()
+    rows = page.locator("#rebuilds tbody tr")
+    assert rows.count() == 1 and page.locator("img").count() == 0
+    text = rows.nth(0).inner_text()
+    assert "rb-1" in text and "30/120" in text and hostile in text and "emit_new" in text
+    assert page.locator("#rebuilds progress").get_attribute("value") == "30"
+    shot(page, tmp_path, "rebuilds")
+    assert dialogs == []
+    page.close()

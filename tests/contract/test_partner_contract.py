@@ -98,7 +98,8 @@ class StoreTime:
     @property
     def slack(self) -> timedelta:
         """How far two readings of "the same" store time may differ (the server's round trips)."""
-        return timedelta(0) if self.exact else timedelta(milliseconds=100)
+        # A loaded machine (CI beside other jobs) can take over 100 ms between two calls.
+        return timedelta(0) if self.exact else timedelta(seconds=1)
 
 
 @pytest.fixture()

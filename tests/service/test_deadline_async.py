@@ -2,12 +2,12 @@
 
 Each hostile behaviour (``tests.hostile_server``) would hold a call 12 s or more;
 the call has a 0.5 s deadline and must end well under 2 s with ``DeadlineExceeded``
-(the sync client's error). Every test runs its coroutine with ``asyncio.run``.
+(the sync client's error). Every test runs its coroutine with ``tests.aio.run``
+(``asyncio.run`` in a thread of its own).
 """
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import ssl
 import time
@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from eventbus.correlation.async_session import LoggingTransport, logging_client
 from eventbus.deadline import MAX_ANSWER_BYTES, AnswerTooLarge, DeadlineExceeded, UnboundedSession
 from eventbus.deadline_async import Answer, AsyncClient
+from tests import aio
 from tests import hostile_server as hostile
 from tests.service.test_deadline import (
     BIG,
@@ -48,7 +49,7 @@ def run(call: Callable[[AsyncClient], Awaitable[T]], http: httpx.AsyncClient | N
             return await call(client)
         finally:
             await client.aclose()
-    return asyncio.run(main())
+    return aio.run(main())
 
 
 def get(url: str, **kwargs: Any) -> Callable[[AsyncClient], Awaitable[Answer]]:

@@ -13,7 +13,6 @@ answer, never a bare exception counted against the partner's breaker.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from handlers import create_router
 from handlers.notifications import NOTIFY, PartnerNotifier
 from handlers.partners import AsyncPartnerClient, PartnerClient, PartnerUnavailable
 from handlers.settings import AppSettings
+from tests import aio
 from tests import hostile_server as hostile
 from tests.service.conftest import START, Make
 from tests.service.test_cascade import on_the_bus, order
@@ -95,7 +95,7 @@ def test_a_trickled_answer_ends_within_its_deadline_through_the_async_client(
     url = trickling.format(partnerId="p1")
     started = time.monotonic()
     with pytest.raises(PartnerUnavailable, match=r"DeadlineExceeded.*within 3 s"):
-        asyncio.run(step.async_client().call("k-1", url, {"n": 1}))
+        aio.run(step.async_client().call("k-1", url, {"n": 1}))
     took = time.monotonic() - started
     assert took < BOUND, f"the async partner call took {took:.1f} s"
 
@@ -151,7 +151,7 @@ def test_any_content_length_is_delivered_or_unavailable_sync_and_async(value: by
         url = server.url + "/x"
         outcomes = []
         for call in (lambda: sync.deliver("k", url, {}).status_code,
-                     lambda: asyncio.run(async_partner().call("k", url, {}))):
+                     lambda: aio.run(async_partner().call("k", url, {}))):
             try:
                 outcomes.append(call())
             except PartnerUnavailable as exc:  # anything else fails the test

@@ -31,8 +31,11 @@ FILES_BUDGET = 27
 and the fenced finish builds its conditional pipeline in ``documents.updates`` and reads the
 park count from ``documents.partner_documents`` (issue 30;
 24 on 2026-11-25, 25 before the one-pipeline change, by the same profile)."""
-CALLS_BUDGET = 448
-"""Measured 448 on 2026-11-26 with issue 30's clock (the memory store reads its own
+CALLS_BUDGET = 450
+"""Measured 450 with issue 31's rebuild: the claim and the finish of a batch became methods of
+their own (``_claim_batch``, ``_store_finishes``) so replay mode swaps the store primitives
+without a second copy of the pipeline (one call each per push). 448 on 2026-11-26 with
+issue 30's clock (the memory store reads its own
 clock for each decision, ``eventbus.clock`` truncates each reading to BSON's grain);
 420 before: 412 after the one-pipeline change (398 before it), then the request scope
 and the store's error rule as classes, the claim's entity holds and the batch relay

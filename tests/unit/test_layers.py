@@ -36,7 +36,8 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 PYMONGO = ("pymongo", "bson", "gridfs", "motor")
 PYMONGO_MODULES = {"eventbus/store/mongo.py", "eventbus/store/mongo_batch.py",
                    "eventbus/store/mongo_ops.py", "eventbus/store/mongo_errors.py",
-                   "eventbus/store/roundtrips.py", "eventbus/store/mongo_partners.py"}
+                   "eventbus/store/roundtrips.py", "eventbus/store/mongo_partners.py",
+                   "eventbus/store/mongo_rebuild.py"}
 FLASK = ("flask", "werkzeug")
 MODEL_MAY_IMPORT = ("eventbus.model", "eventbus.settings")
 WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",

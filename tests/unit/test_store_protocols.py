@@ -12,12 +12,14 @@ from eventbus.outbox.relay import Relay
 from eventbus.partners import Partners
 from eventbus.processor.heartbeat import Heartbeat
 from eventbus.processor.pipeline import Processor
+from eventbus.processor.replay_mode import ReplayProcessor, ReplayStore
 from eventbus.store import base
 from eventbus.workers.redrive import Redriver
 
 PER_USER = {
     Processor: base.ProcessorStore, Heartbeat: base.RenewingStore, Guard: base.GuardStore,
     Partners: base.PartnerStore, Relay: base.OutboxStore, Redriver: base.RedriveStore,
+    ReplayProcessor: ReplayStore,
 }
 
 

@@ -101,6 +101,15 @@ class AttemptCapReached(PermanentError):
     """Raised when an event has used all its attempts (``EVENTBUS_MAX_ATTEMPTS``)."""
 
 
+class ReplayRefused(PermanentError):
+    """Raised in replay mode for a call a rebuild may not make (``eventbus.model.replaying``).
+
+    A guarded call that never succeeded before, or a partner call outside the
+    guard, without the operator's ``--allow-new-calls``: that event's rebuild
+    fails with this reason; its earlier SUCCESS stays.
+    """
+
+
 class RequestError(EventBusError):
     """Raised when an HTTP request is not a Pub/Sub delivery; it is never processed."""
 

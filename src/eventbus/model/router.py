@@ -32,6 +32,7 @@ from eventbus.model.context import Context
 from eventbus.model.errors import DuplicateHandler, UnknownEventType, UnsupportedVersion
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.forward import Forward, Forwards, Path
+from eventbus.model.replaying import REPLAY_POLICIES, ReplayPolicy
 
 Handler = Callable[[Context], None]
 Upcaster = Callable[[Event], Event]
@@ -53,6 +54,10 @@ class Route:
     """A dotted path to the event's position (``eventbus.model.order``): the handler
     never runs for an event older than one applied for its entity, nor beside another
     event of that entity."""
+    replay: ReplayPolicy = "run"
+    """What a rebuild does with this route (``eventbus.model.replaying``): ``run`` it again
+    in replay mode (the default: a rebuild exists to re-run handlers, and the guard keeps
+    their calls from repeating), or ``skip`` it (a pure notifier: never re-run)."""
 
     def upcast(self, event: Event) -> Event:
         """Return ``event`` at a version the handler reads, or raise ``UnsupportedVersion``.
@@ -96,20 +101,24 @@ class Router:
     def handler(self, event_type: str, *, versions: tuple[str, ...] = ("v1",),
                 upcasters: Mapping[str, Upcaster] | None = None,
                 internal: bool = False,
-                ordered_by: str | None = None) -> Callable[[Handler], Handler]:
+                ordered_by: str | None = None,
+                replay: ReplayPolicy = "run") -> Callable[[Handler], Handler]:
         """Register the decorated function for ``event_type``.
 
         ``internal=True`` declares a step of a cascade (a partner call, say):
         it runs only for a child the relay published from its parent's outbox.
         ``ordered_by`` (a dotted path such as ``entity_data.updatedAt``) makes
         the newest event of an entity win: see ``eventbus.model.order``.
+        ``replay`` says what ``eventbus rebuild`` does with it: ``run`` (default) or ``skip``.
         """
+        if replay not in REPLAY_POLICIES:
+            raise ValueError(f"replay must be one of {REPLAY_POLICIES}, not {replay!r}")
         if ordered_by is not None and not all(ordered_by.split(".")):
             raise ValueError(f"ordered_by must be a dotted path, not {ordered_by!r}")
 
         def register(function: Handler) -> Handler:
             self.add(Route(event_type, function, tuple(versions), dict(upcasters or {}),
-                           internal, ordered_by))
+                           internal, ordered_by, replay))
             return function
         return register
 
@@ -153,6 +162,10 @@ class Router:
         if route is None:
             raise UnknownEventType(f"no handler for event_type {event.event_type!r}")
         return route
+
+    def route_for_type(self, event_type: str) -> Route:
+        """Return the route of ``event_type``; ``KeyError`` when none is registered."""
+        return self._routes[event_type]
 
     def resolve(self, event: Event) -> tuple[Route, Event]:
         """Return the route for ``event`` and the event upcast for it."""

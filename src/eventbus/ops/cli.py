@@ -11,6 +11,8 @@ the console) live in ``eventbus.ops.commands``; ``eventbus COMMAND --help``
 tells each one's options:
 
 * ``failed``, ``history --partner ID``, ``show KEY``, ``stats``, ``retries``;
+* ``rebuild FILTERS|--keys FILE|--resume ID`` (replay mode over SUCCESS events,
+  ``eventbus.ops.rebuilder``);
 * ``replay KEY...|--group ID|FILTERS``, ``dlq drain`` (the drain is a
   worker's, ``eventbus.workers.deadletter``);
 * ``console [--port N] [--read-only]``;
@@ -57,6 +59,7 @@ from eventbus.ops.commands import (
     partner_commands,
     public,
     queries,
+    rebuilding,
     repair,
     sweepers,
     verify,
@@ -158,7 +161,8 @@ def parser() -> argparse.ArgumentParser:
     trace_ = commands.add_parser("trace", help="print the cascade of an event from its root")
     trace_.add_argument("key", help="the idempotency key of any event of the cascade")
     trace_.set_defaults(run=cmd_trace)
-    for module in (queries, repair, console, sweepers, public, partner_commands, verify):
+    for module in (queries, repair, rebuilding, console, sweepers, public, partner_commands,
+                   verify):
         module.add(commands)
     worker.add(commands, positive, load_app)
     return root

@@ -55,7 +55,14 @@ from eventbus.processor.rejections import Rejections, brief, existing
 from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
 from eventbus.store import documents
-from eventbus.store.base import EntityHolds, EntityRelease, Finish, ProcessorStore
+from eventbus.store.base import (
+    BatchClaim,
+    EntityHolds,
+    EntityRelease,
+    Finish,
+    Finished,
+    ProcessorStore,
+)
 from eventbus.store.documents import partner_documents
 
 logger = logging.getLogger("eventbus")
@@ -94,6 +101,11 @@ class Clock(Protocol):
 
 class Processor:
     """Runs batches of deliveries through the state machine against a store and a router."""
+
+    skips_stale = True
+    """An ordered event older than its entity's position is stale, and the position moves
+    with each SUCCESS (a rebuild, ``eventbus.processor.replay_mode``, re-runs old events in order
+    and never moves it)."""
 
     def __init__(self, store: ProcessorStore, router: Router, settings: Settings, now: Clock,
                  after_success: AfterSuccess | None = None,
@@ -186,18 +198,22 @@ class Processor:
                   if item.result is None and item.leader is None and item.routed]
         if not wanted:
             return [], None
-        # Ordered handlers' entities are held in the claim's own round trips.
-        takes = self.lanes.takes(wanted) if any(
-            item.located is not None and item.located.order for item in wanted) else None
         with self._around("claim", wanted) if self.middleware else _NOTHING:
-            batch = self.store.claim_many({item.key: item.located.fields for item in wanted
-                                           if item.located is not None}, self.now(), takes)
+            batch = self._claim_batch(wanted)
         for item in wanted:
             item.claim = batch.taken.get(item.key)
             if item.claim is None:
                 item.result = self._not_taken(item, batch.records.get(item.key),
                                               item.key in batch.refused)
         return [item for item in wanted if item.claim is not None], batch.holds
+
+    def _claim_batch(self, wanted: list[Item]) -> BatchClaim:
+        """One ``claim_many`` for ``wanted`` (replay mode leases SUCCESS records instead)."""
+        # Ordered handlers' entities are held in the claim's own round trips.
+        takes = self.lanes.takes(wanted) if any(
+            item.located is not None and item.located.order for item in wanted) else None
+        return self.store.claim_many({item.key: item.located.fields for item in wanted
+                                      if item.located is not None}, self.now(), takes)
 
     def _not_taken(self, item: Item, record: Mapping[str, Any] | None,
                    refused: bool) -> Result:
@@ -244,7 +260,7 @@ class Processor:
                 for rest in lane.items[index:]:
                     rest.pending = self.lanes.busy(rest)
                 return
-            if lane.entity_key and lane.stale(item):
+            if lane.entity_key and self.skips_stale and lane.stale(item):
                 item.pending = stale_pending(item, lane)
             else:
                 self._run(item, leases[item.key], alone, lane)
@@ -266,8 +282,7 @@ class Processor:
         if not waiting and not releases:
             return
         with self._around("finish", waiting) if self.middleware else _NOTHING:
-            done = self.store.finish_many([item.pending.finish for item in waiting
-                                           if item.pending is not None], self.now(), releases)
+            done = self._store_finishes(waiting, releases)
         for entity_key in sorted(done.unreleased):
             # Its hold lapsed: the next holder reads this batch's keys as its orphan.
             logger.warning("hold on %s lapsed before its release; the next holder rolls its "
@@ -284,11 +299,20 @@ class Processor:
                     logger.log(*pending.log)
                 item.result = pending.result
 
+    def _store_finishes(self, waiting: list[Item], releases: list[EntityRelease]) -> Finished:
+        """One ``finish_many`` of the waiting outcomes and the entities' releases."""
+        return self.store.finish_many([item.pending.finish for item in waiting
+                                       if item.pending is not None], self.now(), releases)
+
+    def _relayed(self, item: Item) -> Sequence[Mapping[str, Any]]:
+        """The outbox the relay stage publishes from for ``item`` (its finish's)."""
+        return item.pending.finish.outbox if item.pending is not None else ()
+
     def _relay(self, items: list[Item]) -> None:
         hook = self.after_success
         sent = [item for item in items if hook is not None and item.leader is None
                 and item.result is not None and item.result.outcome is Outcome.PROCESSED
-                and item.pending is not None and item.pending.finish.outbox]
+                and item.pending is not None and self._relayed(item)]
         if hook is None or not sent:
             return
         # A hook that takes a batch (the inline relay's relay_many) gets it at once, to
@@ -297,7 +321,7 @@ class Processor:
         with self._around("relay", sent) if self.middleware else _NOTHING:
             if batch is not None:
                 try:
-                    batch.relay_many([(item.key, item.pending.finish.outbox) for item in sent
+                    batch.relay_many([(item.key, self._relayed(item)) for item in sent
                                       if item.pending is not None])
                 except Exception:  # as _run_hook: the batch is processed whatever happens
                     logger.exception("after_success hook failed for a batch of %d; left to "
@@ -305,7 +329,7 @@ class Processor:
                 return
             for item in sent:
                 if item.pending is not None:
-                    _run_hook(hook, item.key, item.pending.finish.outbox)
+                    _run_hook(hook, item.key, self._relayed(item))
 
     # -- one handler ------------------------------------------------------------------
     def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
@@ -327,7 +351,7 @@ class Processor:
             return
         item.pending = self._success(item, context, carried,
                                      applied_fields(item) if lane.entity_key else None)
-        if lane.entity_key:
+        if lane.entity_key and self.skips_stale:
             lane.applied(item)
 
     def _attempts_used(self, item: Item) -> int:

@@ -29,6 +29,8 @@ class Result:
     attempt: int = 0
     error: str = ""
     children: int = 0
+    detail: dict[str, Any] | None = None
+    """What a rebuild did with the event (``eventbus.processor.replay_mode``); None when live."""
 
 
 @dataclasses.dataclass

@@ -95,13 +95,17 @@ class Finish:
     retryable: bool = False
     redrive_at: datetime | None = None
     extra: Mapping[str, Any] | None = None
-    """More fields stored with SUCCESS (``order``, ``stale`` of an ordered event)."""
+    """More fields stored with the outcome: SUCCESS's ``order`` and ``stale`` of an ordered
+    event, a rebuild's ``replays`` entry of a new record (SUCCESS or FAILED)."""
     unclaim: bool = False
     """Give the claim back untouched (its entity is busy): PENDING again, the attempt returned.
 
     With ``redrive_at``: when the store's redrive brings it back if the broker does not."""
     parked: bool = False
     """A FAILED-retryable park (its partner paused): counts one more in the record's ``parks``."""
+    audit: Mapping[str, Any] | None = None
+    """A rebuild's audit entry (``RebuildStore.rebuild_finish_many``): appended to ``replays``;
+    the status is not written, and ``outbox`` holds only the entries to append."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,7 +414,57 @@ class RedriveStore(PartnerStore, Protocol):
         ...
 
 
-class EventStore(ProcessorStore, OutboxStore, RedriveStore, Protocol):
+class RebuildStore(Clocked, Protocol):
+    """What a rebuild uses (``eventbus rebuild``: the processor in replay mode and its runner).
+
+    A rebuild leases stored SUCCESS records under ``rebuild_lease`` (never their
+    status), appends one audit entry per record to ``replays`` and keeps its run
+    (selection, checkpoint, counts) in a run document of its own.
+    """
+
+    @property
+    def lease(self) -> timedelta:
+        """How long a rebuild's lease holds a record (the claim's lease)."""
+        ...
+
+    def rebuild_claim_many(self, records: Mapping[str, Mapping[str, Any]], rebuild_id: str,
+                           now: datetime) -> BatchClaim:
+        """Lease every key of ``records`` (key → the record as the caller read it) for a rebuild.
+
+        Taken: a SUCCESS record (not stale, not an entity) without a live rebuild
+        lease and without an audit entry of ``rebuild_id``; one owner for the batch.
+        ``BatchClaim.records`` holds every other key's record as it stands (absent:
+        no record). When every key is taken, the claims' records are the given
+        ones with the lease: one round trip, no read back.
+        """
+        ...
+
+    def rebuild_renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:
+        """Extend the rebuild leases of ``owners`` (key → owner); return the keys still held."""
+        ...
+
+    def rebuild_finish_many(self, finishes: Sequence[Finish], now: datetime) -> Finished:
+        """Store each rebuilt record's audit entry (``Finish.audit``) and new outbox entries.
+
+        Fenced by the rebuild lease (``Finished.lost``: it lapsed, nothing stored).
+        ``Finish.unclaim`` gives the lease back untouched. The status never changes.
+        """
+        ...
+
+    def rebuild_save(self, run: Mapping[str, Any]) -> None:
+        """Store (insert or replace) the run document of rebuild ``run["rebuild_id"]``."""
+        ...
+
+    def rebuild_get(self, rebuild_id: str) -> Record | None:
+        """Return the run document of ``rebuild_id``, or None."""
+        ...
+
+    def rebuild_runs(self, limit: int) -> list[Record]:
+        """Return the ``limit`` newest run documents (``started`` descending)."""
+        ...
+
+
+class EventStore(ProcessorStore, OutboxStore, RedriveStore, RebuildStore, Protocol):
     """Every primitive on stored events, their outboxes, guarded effects and partners.
 
     Only the composition root (``eventbus.assembly``, ``eventbus.web.app``, the

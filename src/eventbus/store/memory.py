@@ -29,6 +29,7 @@ from eventbus.store.documents import partner_documents
 from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
 from eventbus.store.memory_partners import MemoryPartnersMixin
+from eventbus.store.memory_rebuild import MemoryRebuildMixin
 
 
 def _keep_rejection(record: Record) -> None:
@@ -40,7 +41,8 @@ def _keep_rejection(record: Record) -> None:
         record.pop(name, None)
 
 
-class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixin):
+class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixin,
+                       MemoryRebuildMixin):
     """The store primitives on a dict; safe to share between threads."""
 
     def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",
@@ -50,6 +52,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         self._events: dict[str, Record] = {}
         self._guards: dict[str, Record] = {}
         self._partners: dict[str, Record] = {}
+        self._rebuilds: dict[str, Record] = {}
         self._lock = threading.RLock()
         self._lease, self._created_by, self._retention = lease, created_by, retention
         self._database = database
@@ -317,6 +320,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
             self._events.clear()
             self._guards.clear()
             self._partners.clear()
+            self._rebuilds.clear()
 
     def oldest_pending_outbox(self) -> datetime | None:
         """Return when the oldest PENDING outbox entry was created; None when none is."""

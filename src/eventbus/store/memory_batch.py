@@ -131,8 +131,9 @@ class MemoryBatchMixin:
             return self._finish(finish.key, finish.owner, update["$set"])
         if finish.error is None:
             return self.succeed(finish.key, finish.owner, now, finish.outbox)
-        fields = documents.fail_fields(now, finish.error, retryable=finish.retryable,
-                                       redrive_at=finish.redrive_at)
+        fields = {**dict(finish.extra or {}),
+                  **documents.fail_fields(now, finish.error, retryable=finish.retryable,
+                                          redrive_at=finish.redrive_at)}
         return self._finish(finish.key, finish.owner, fields, parked=finish.parked)
 
     def _unclaim(self, key: str, owner: str, now: datetime,

@@ -40,6 +40,7 @@ from eventbus.store.mongo_batch import MongoBatchMixin
 from eventbus.store.mongo_errors import unavailable as _unavailable
 from eventbus.store.mongo_ops import MongoOperatorMixin
 from eventbus.store.mongo_partners import MongoPartnersMixin
+from eventbus.store.mongo_rebuild import MongoRebuildMixin
 from eventbus.store.roundtrips import RoundTrips
 
 
@@ -64,18 +65,20 @@ OUTBOX_INDEX = "outbox.status_1"
 """The outbox sweep's index, one of ``INDEXES``."""
 
 
-class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
+class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin, MongoRebuildMixin):
     """The storage primitives of the idempotency state machine, on one collection."""
 
     def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,
                  lease: timedelta, guard_collection: str = "side_effects",
                  round_trips: RoundTrips | None = None,
-                 partner_collection: str = "partners", shift: Shift | None = None) -> None:
+                 partner_collection: str = "partners", shift: Shift | None = None,
+                 rebuild_collection: str = "rebuilds") -> None:
         self._collection = collection
         self._shift = shift or Shift()
         self._clock = ServerClock(self._server_time, shift=self._shift)
         self._guards: Collection = collection.database[guard_collection]
         self._partners: Collection = collection.database[partner_collection]
+        self._rebuilds: Collection = collection.database[rebuild_collection]
         self._created_by = created_by
         self._retention = retention
         self._lease = lease
@@ -100,7 +103,8 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin):
                    retention=timedelta(days=settings.retention_days),
                    lease=timedelta(seconds=settings.lease_seconds),
                    guard_collection=settings.guard_collection, round_trips=counter,
-                   partner_collection=settings.partner_collection, shift=shift)
+                   partner_collection=settings.partner_collection, shift=shift,
+                   rebuild_collection=settings.rebuild_collection)
 
     @property
     def round_trips(self) -> RoundTrips:

@@ -155,6 +155,8 @@ def finish_update(finish: Any, now: datetime) -> dict[str, Any]:
         return succeed_update(now, finish.outbox, finish.extra)
     update = fail_update(now, finish.error, retryable=finish.retryable,
                          redrive_at=finish.redrive_at)
+    if finish.extra:  # a new record a rebuild failed keeps its audit entry
+        update["$set"] = {**dict(finish.extra), **update["$set"]}
     if finish.parked:  # counted where no claim erases it (``partner_documents.parks``)
         update["$inc"] = {PARKS: 1}
     return update

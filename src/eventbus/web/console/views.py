@@ -14,6 +14,7 @@ from eventbus.model.errors import Forbidden, InvalidEvent, PublishError, Unauthe
 from eventbus.model.event import json_object
 from eventbus.ops import correct, partner_ops
 from eventbus.ops import reports as ops
+from eventbus.ops.rebuilder import run_views
 from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
 from eventbus.web.console import Console, charts
@@ -184,6 +185,14 @@ def partners() -> str:
     return flask.render_template("partners.html", local=app.partners is not None,
                                  partners=partner_ops.views(app.store, app.settings, app.now(),
                                                             app.partners))
+
+
+@blueprint.get("/rebuilds")
+def rebuilds() -> str:
+    """Running and finished rebuilds with their counts and progress (read-only)."""
+    store = console().store
+    # The checkpoints are stamped on the store's clock: their age is read on it too.
+    return flask.render_template("rebuilds.html", runs=run_views(store, store.now()))
 
 
 @blueprint.post("/partners")
