@@ -1,11 +1,14 @@
-"""One partner down for a while, one healthy: what the healthy one notices, through push and pull.
+"""One partner down (or slow) for a while, one healthy: what the healthy one notices, through
+push and pull.
 
-    .venv/bin/python bench/partners.py [--runs 3] [--phase 15] [--down hang|503] [--quick]
+    .venv/bin/python bench/partners.py [--runs 3] [--phase 15] [--down hang|503|slow] [--quick]
 
 Two partners behind a local HTTP server: ``healthy`` answers 204 at once;
 ``flaky`` answers 204 too, except during the *down* phase, when it hangs past
 the call's deadline (``--down hang``, the default: a partner that times out)
-or answers 503 at once (``--down 503``). Events alternate between the two.
+or answers 503 at once (``--down 503``), or answers 204 after ``SLOW`` seconds,
+under its deadline (``--down slow``: issue 32's 8 s partner, times scaled down
+by 10: 0.8 s answers, a 2 s deadline, slow from 0.4 s). Events alternate between the two.
 The handler is the partner app's own call (``bench/partner_handlers.py``:
 guard, breaker, deadline) on the real store (``MONGODB_URI``, else the local
 server of the ``localdb`` tool, a throwaway database).
@@ -22,7 +25,11 @@ Pub/Sub would push or hand it out). Scenarios:
   threads;
 
 each with the breaker (``EVENTBUS_BREAKER_FAILURES=5``, open 5 s, probe 5 s)
-and without it (failures 10^9: today's behaviour, every dead call made).
+and without it (failures 10^9: today's behaviour, every dead call made). With
+``--down slow`` "breaker" means slow calls counted (``EVENTBUS_BREAKER_SLOW_SECONDS``
+0.4, share 0.5 of the latest 10, at least 5) and a bulkhead of 2 calls per process
+(``EVENTBUS_PARTNER_CONCURRENCY``, a 50 ms wait); "today" is neither (issue 24's
+breaker only, which a slow partner never opens).
 
 Figures per scenario: the healthy partner's events/s while flaky is down
 divided by the same with both up (target >= 0.9), the same for its p99
@@ -74,7 +81,15 @@ from eventbus.workers.redrive import Redriver  # noqa: E402
 
 HEALTHY, FLAKY = "healthy", "flaky"
 TIMEOUT = 1.0
+SLOW, SLOW_TIMEOUT, SLOW_SECONDS = 0.8, 2.0, 0.4
+"""``--down slow``: the answer's time, the call's deadline, what counts as slow (8 s, 20 s and
+4 s in the issue's terms, scaled down by 10)."""
 NO_BREAKER = 10**9
+
+
+def deadline_of(mode: str) -> float:
+    """The partner call's total deadline in ``mode``: above a slow answer, for ``slow``."""
+    return SLOW_TIMEOUT if mode == "slow" else TIMEOUT
 
 
 @dataclass
@@ -115,7 +130,9 @@ class Partners:
                 started = time.monotonic()  # when the call was made, not answered
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 partner, status = self.path.strip("/"), 204
-                if partner in partners.down:
+                if partner in partners.down and partners.mode == "slow":
+                    time.sleep(SLOW)  # answers, slowly, under its deadline
+                elif partner in partners.down:
                     status = 503
                     if partners.mode == "hang":
                         time.sleep(TIMEOUT * 1.5)
@@ -196,8 +213,10 @@ def figures(name: str, line: Timeline, partners: Partners) -> Figures:
     """Reduce a timeline to the bench's figures."""
     rate_both, p99_both = line.healthy(line.start, line.down_at)
     rate_down, p99_down = line.healthy(line.down_at, line.up_at)
+    # A slow partner answers 204: each of its calls while slow counts, not only failures.
     dead = [at for at, partner, _, status in partners.calls
-            if partner == FLAKY and line.down_at <= at < line.up_at and status >= 300]
+            if partner == FLAKY and line.down_at <= at < line.up_at
+            and (status >= 300 or partners.mode == "slow")]
     opened = line.first_open if line.first_open is not None else float("inf")
     to_open = sum(1 for at in dead if at < opened)
     recovery = None if line.recovered is None else line.recovered - line.up_at
@@ -208,26 +227,49 @@ def figures(name: str, line: Timeline, partners: Partners) -> Figures:
 
 # -- the scenarios ----------------------------------------------------------------------------
 
-def settings(uri: str, db: str, breaker: bool) -> Settings:
-    """The service's settings: the bench's breaker (or none), a quiet log."""
+def settings(uri: str, db: str, breaker: bool, mode: str = "hang") -> Settings:
+    """The service's settings: the bench's breaker (or none), a quiet log; with ``mode``
+    ``slow`` and the breaker, slow calls counted and a bulkhead of 2 per process."""
+    slow = breaker and mode == "slow"
+    limits = Settings(breaker_slow_seconds=SLOW_SECONDS, breaker_slow_share=0.5,
+                      breaker_slow_min_calls=5, breaker_slow_window=10, partner_concurrency=2,
+                      partner_concurrency_wait_seconds=0.05,
+                      partner_concurrency_park_seconds=1.0) if slow else Settings()
     # A nacked event comes back after 10 s: Pub/Sub's redelivery, which nothing here does
     # (shorter, and a backlog of redriven messages not yet consumed is redriven again).
     return Settings(mongodb_uri=uri, mongodb_db=db, relay_inline=False, redrive_after_seconds=10,
                     breaker_failures=5 if breaker else NO_BREAKER, breaker_open_seconds=5,
-                    breaker_probe_seconds=5, breaker_open_cap_seconds=20, log_level="ERROR")
+                    breaker_probe_seconds=5, breaker_open_cap_seconds=20, log_level="ERROR",
+                    breaker_slow_seconds=limits.breaker_slow_seconds,
+                    breaker_slow_share=limits.breaker_slow_share,
+                    breaker_slow_min_calls=limits.breaker_slow_min_calls,
+                    breaker_slow_window=limits.breaker_slow_window,
+                    partner_concurrency=limits.partner_concurrency,
+                    partner_concurrency_wait_seconds=limits.partner_concurrency_wait_seconds,
+                    partner_concurrency_park_seconds=limits.partner_concurrency_park_seconds)
 
 
 def environment(config: Settings, partners: Partners) -> dict[str, str]:
     """The service's environment for ``config``."""
     return {"MONGODB_URI": config.mongodb_uri, "MONGODB_DB": config.mongodb_db,
             "EVENTBUS_HANDLER_MODULES": "bench.partner_handlers",
-            "BENCH_PARTNER_URL": partners.template, "BENCH_PARTNER_TIMEOUT": str(TIMEOUT),
+            "BENCH_PARTNER_URL": partners.template,
+            "BENCH_PARTNER_TIMEOUT": str(deadline_of(partners.mode)),
             "EVENTBUS_RELAY_INLINE": "false", "LOG_LEVEL": "ERROR",
             "EVENTBUS_REDRIVE_AFTER_SECONDS": str(config.redrive_after_seconds),
             "EVENTBUS_BREAKER_FAILURES": str(config.breaker_failures),
             "EVENTBUS_BREAKER_OPEN_SECONDS": str(config.breaker_open_seconds),
             "EVENTBUS_BREAKER_PROBE_SECONDS": str(config.breaker_probe_seconds),
-            "EVENTBUS_BREAKER_OPEN_CAP_SECONDS": str(config.breaker_open_cap_seconds)}
+            "EVENTBUS_BREAKER_OPEN_CAP_SECONDS": str(config.breaker_open_cap_seconds),
+            "EVENTBUS_BREAKER_SLOW_SECONDS": str(config.breaker_slow_seconds),
+            "EVENTBUS_BREAKER_SLOW_SHARE": str(config.breaker_slow_share),
+            "EVENTBUS_BREAKER_SLOW_MIN_CALLS": str(config.breaker_slow_min_calls),
+            "EVENTBUS_BREAKER_SLOW_WINDOW": str(config.breaker_slow_window),
+            "EVENTBUS_PARTNER_CONCURRENCY": str(config.partner_concurrency),
+            "EVENTBUS_PARTNER_CONCURRENCY_WAIT_SECONDS":
+                str(config.partner_concurrency_wait_seconds),
+            "EVENTBUS_PARTNER_CONCURRENCY_PARK_SECONDS":
+                str(config.partner_concurrency_park_seconds)}
 
 
 class Sweeper:
@@ -303,9 +345,10 @@ def phases(line: Timeline, knobs: Knobs, partners: Partners, store: MongoEventSt
 
 
 @contextlib.contextmanager
-def fresh(uri: str, breaker: bool) -> Iterator[tuple[Settings, MongoEventStore]]:
+def fresh(uri: str, breaker: bool,
+          mode: str = "hang") -> Iterator[tuple[Settings, MongoEventStore]]:
     """A throwaway database and a store on it."""
-    config = settings(uri, f"bench_partners_{uuid.uuid4().hex[:8]}", breaker)
+    config = settings(uri, f"bench_partners_{uuid.uuid4().hex[:8]}", breaker, mode)
     store = MongoEventStore.from_settings(config)
     store.ensure_indexes()
     try:
@@ -333,7 +376,7 @@ def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
     from tests.e2e.harness import ServiceProcess
 
     partners, line, stop = Partners(knobs.down), Timeline(), threading.Event()
-    with fresh(uri, breaker) as (config, store):
+    with fresh(uri, breaker, knobs.down) as (config, store):
         service = ServiceProcess(Path(tempfile.gettempdir()) / "bench-partners.log",
                                  env=environment(config, partners))
         url = service.start()
@@ -342,8 +385,13 @@ def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
         sweeper = Sweeper(store, config, lambda data, attrs: pushers.submit(
             _push, requests, url, data, attrs), line)
         tag, counter = uuid.uuid4().hex[:6], iter(range(10**9))
-        clients = [threading.Thread(target=_client, args=(url, tag, counter, line, stop),
-                                    daemon=True) for _ in range(knobs.concurrency)]
+        # With a slow partner each client keeps to one partner: Pub/Sub pushes concurrently,
+        # so a slow answer must not hold back the next healthy push (closed-loop clients
+        # taking turns would measure the load generator, not the service).
+        own = knobs.down == "slow"
+        clients = [threading.Thread(target=_client, args=(url, tag, counter, line, stop,
+                                                          (HEALTHY, FLAKY)[i % 2] if own else ""),
+                                    daemon=True) for i in range(knobs.concurrency)]
         try:
             for client in clients:
                 client.start()
@@ -356,7 +404,7 @@ def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
             pushers.shutdown(wait=True, cancel_futures=True)
             service.stop()
             partners.close()
-    return figures(f"push, {'breaker' if breaker else 'no breaker (today)'}", line, partners)
+    return figures(f"push, {label(breaker, knobs.down)}", line, partners)
 
 
 def _push(http: Any, url: str, data: bytes, attributes: dict[str, str]) -> dict[str, Any]:
@@ -370,11 +418,11 @@ def _push(http: Any, url: str, data: bytes, attributes: dict[str, str]) -> dict[
 
 
 def _client(url: str, tag: str, counter: Iterator[int], line: Timeline,
-            stop: threading.Event) -> None:
+            stop: threading.Event, only: str = "") -> None:
     http = requests.Session()
     while not stop.is_set():
         n = next(counter)
-        partner = HEALTHY if n % 2 == 0 else FLAKY
+        partner = only or (HEALTHY if n % 2 == 0 else FLAKY)
         started = time.monotonic()
         try:
             answer = _push(http, url, *event(partner, n, tag))
@@ -387,10 +435,11 @@ def _client(url: str, tag: str, counter: Iterator[int], line: Timeline,
 def worker_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
     """The real PullWorker over the real Processor, batches from an in-process source."""
     partners, line = Partners(knobs.down), Timeline()
-    os.environ.update(BENCH_PARTNER_URL=partners.template, BENCH_PARTNER_TIMEOUT=str(TIMEOUT))
+    os.environ.update(BENCH_PARTNER_URL=partners.template,
+                      BENCH_PARTNER_TIMEOUT=str(deadline_of(knobs.down)))
     from bench.partner_handlers import routes
 
-    with fresh(uri, breaker) as (config, store):
+    with fresh(uri, breaker, knobs.down) as (config, store):
         processor = Processor(store, routes, config, lambda: datetime.now(UTC), concurrency=8)
         worker = PullWorker(processor, Inbox(), subscription="bench", batch_size=knobs.batch)
         redriven: collections.deque[Message] = collections.deque()
@@ -408,7 +457,14 @@ def worker_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
             sweeper.close()
             processor.close()
             partners.close()
-    return figures(f"worker, {'breaker' if breaker else 'no breaker (today)'}", line, partners)
+    return figures(f"worker, {label(breaker, knobs.down)}", line, partners)
+
+
+def label(breaker: bool, mode: str) -> str:
+    """A scenario's name: what protects the healthy partner."""
+    if mode == "slow":
+        return "slow calls + bulkhead" if breaker else "today (a slow partner opens nothing)"
+    return "breaker" if breaker else "no breaker (today)"
 
 
 def _message(data: bytes, attributes: dict[str, str]) -> Message:
@@ -470,7 +526,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--phase", type=float, default=15.0)
-    parser.add_argument("--down", choices=("hang", "503"), default="hang")
+    parser.add_argument("--down", choices=("hang", "503", "slow"), default="hang")
     parser.add_argument("--quick", action="store_true", help="phases of 6 s")
     args = parser.parse_args()
     logging.getLogger("eventbus").setLevel(logging.ERROR)  # the worker's per-event lines

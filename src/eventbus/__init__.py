@@ -39,7 +39,11 @@ The layers, each a package that says what it may import:
 * ``eventbus.clock``     time in one place: the store's clock, lease arithmetic, waits;
 * ``eventbus.guard``     the side-effect guard (check, lease, call, done);
 * ``eventbus.partners``  partners: a breaker and a shared rate each (``context.partner``),
-                         kept in the store; its refusals park events;
+                         kept in the store, and a bulkhead; its refusals park events;
+* ``eventbus.bulkhead``  a cap on one partner's calls in flight in a process, for
+                         threads and coroutines alike (the standard library only);
+* ``eventbus.slow_calls`` a process's window of a partner's latest calls: when slow
+                         calls open its breaker (the standard library only);
 * ``eventbus.deadline``  outbound HTTP calls that end within a total deadline, their
                          answers capped, on a client the library owns (requests);
 * ``eventbus.deadline_async`` the same for async code, on httpx;

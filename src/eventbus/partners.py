@@ -28,8 +28,23 @@ so it ends within its deadline however the app wired its session).
   (``EventStore.rate_take``), so instances whose clocks differ by minutes
   share it exactly. A call over it takes the next token and waits for it when
   that is at most ``partner_rate_wait_seconds`` away.
-* **Parked.** A call the breaker or the rate does not let through raises
-  ``BreakerOpen`` or ``RateLimited`` (``PartnerPaused``) with the time it may
+* **Slow calls.** A call that takes ``breaker_slow_seconds`` or more (timed
+  on this process's monotonic clock) is slow: counted on the breaker
+  (``slow_calls``), and when slow calls reach ``breaker_slow_share`` of the
+  process's latest ``breaker_slow_window`` calls (at least
+  ``breaker_slow_min_calls`` of them) the breaker opens as for failures; a
+  slow probe reopens it. The call itself succeeded: its event is SUCCESS; the
+  next ones are parked. Where the window lives, and why: ``eventbus.slow_calls``.
+  The breaker keeps why it last opened (``reason``: failures, slow calls,
+  a failed or slow probe, with the numbers).
+* **Bulkhead.** At most ``partner_concurrency`` (or the partner's own,
+  ``partner_concurrencies``) calls of one partner in flight in this process
+  (``eventbus.bulkhead``, one per partner, owned by ``Partners``). A call over
+  it waits up to ``partner_concurrency_wait_seconds`` for a slot, then raises
+  ``BulkheadFull`` and its event is parked for
+  ``partner_concurrency_park_seconds``, as a rate-limited one is.
+* **Parked.** A call the breaker, the rate or the bulkhead does not let through raises
+  ``BreakerOpen``, ``RateLimited`` or ``BulkheadFull`` (``PartnerPaused``) with the time it may
   go through; the processor parks the event until then (stored, acked) and
   the store-driven redrive brings it back (all of them at once when a probe
   closes the breaker: ``EventStore.unpark``). The failure that opens the
@@ -37,7 +52,7 @@ so it ends within its deadline however the app wired its session).
   the probing event waits with the others instead of spending its redrives.
 
 State moves by pure functions (``admit``, ``succeeded``, ``failed``,
-``forced``) over ``BreakerState``, written back by compare-and-swap
+``slowed``, ``recorded``, ``forced``) over ``BreakerState``, written back by compare-and-swap
 (``EventStore.breaker_swap``): single-document writes, no transaction.
 
 **Async.** ``call_async`` is ``call`` for an async effect, with the same
@@ -49,28 +64,38 @@ rate token is ``asyncio.sleep``, so the event loop never blocks on them.
 ``open_until``, ``probe_until``, the ``until`` of ``BreakerOpen``) is the
 store's (``store.now()``: the memory store's clock, MongoDB's server clock),
 and every rate decision is the store's too; this process's clock only times
-its own waits (``sleep``).
+its own waits (``sleep``) and its own calls (``monotonic``: slow or not).
+
+**For an async form.** ``Partner.call`` is four pieces an ``async`` call
+reuses as they are: ``slot`` (or ``slot_async``: the same bulkhead),
+``begin`` (breaker and rate: store round trips), the effect, and ``finish``
+(the outcome stored; raises ``BreakerOpen`` when this call opened it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from eventbus.bulkhead import Bulkhead, Full
 from eventbus.model.errors import (
     BreakerOpen,
+    BulkheadFull,
     Classification,
     Classifier,
     RateLimited,
     ReplayRefused,
 )
 from eventbus.settings import Settings
+from eventbus.slow_calls import CallWindow, SlowPolicy, Tally
 from eventbus.store.base import PartnerStore
 from eventbus.store.documents.partner_documents import RateLimit
 
@@ -82,6 +107,9 @@ MAX_NAME = 100
 HASHED = "sha256:"
 _SWAP_TRIES = 5
 _AUDIT_KEEP = 20
+_TRACKED = 1024
+"""Partners whose bulkhead and window a process keeps before it forgets idle ones
+(partner ids come from messages: a flood of new ids must not grow memory)."""
 
 
 def partner_name(name: object) -> str:
@@ -107,13 +135,17 @@ class Policy:
     open_seconds: float = 30.0
     open_cap_seconds: float = 600.0
     probe_seconds: float = 30.0
+    slow: SlowPolicy = dataclasses.field(default_factory=SlowPolicy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:
         """Read the breaker settings."""
+        slow = SlowPolicy(settings.breaker_slow_seconds, settings.breaker_slow_share,
+                          settings.breaker_slow_min_calls,
+                          max(settings.breaker_slow_window, settings.breaker_slow_min_calls))
         return cls(settings.breaker_failures, settings.breaker_open_seconds,
                    max(settings.breaker_open_cap_seconds, settings.breaker_open_seconds),
-                   settings.breaker_probe_seconds)
+                   settings.breaker_probe_seconds, slow)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +166,13 @@ class BreakerState:
     last_error: str = ""
     last_failure_at: datetime | None = None
     opened_at: datetime | None = None
+    reason: Mapping[str, Any] | None = None
+    """Why it last opened: ``{cause, ...numbers}`` (``failures``, ``slow calls``,
+    ``failed probe``, ``slow probe``); kept after it closes, replaced at the next opening."""
+    slow_calls: int = 0
+    """Slow calls counted (every instance's) since it last closed."""
+    last_slow_at: datetime | None = None
+    last_slow_seconds: float = 0.0
     audit: tuple[Mapping[str, Any], ...] = ()
     version: int = 0
 
@@ -153,6 +192,7 @@ class BreakerState:
         fields.pop("version")
         fields["audit"] = [dict(entry) for entry in self.audit]
         fields["manual"] = dict(self.manual) if self.manual is not None else None
+        fields["reason"] = dict(self.reason) if self.reason is not None else None
         return fields
 
 
@@ -186,8 +226,10 @@ def succeeded(state: BreakerState) -> BreakerState | None:
     """The state after a call the partner answered; None when nothing changes."""
     if state.manual is not None or (state.state == CLOSED and state.failures == 0):
         return None
+    closing = state.state != CLOSED
     return dataclasses.replace(state, state=CLOSED, failures=0, open_until=None,
-                               probe_until=None, open_seconds=0.0)
+                               probe_until=None, open_seconds=0.0,
+                               slow_calls=0 if closing else state.slow_calls)
 
 
 def failed(state: BreakerState, now: datetime, policy: Policy, error: str) -> BreakerState:
@@ -197,13 +239,70 @@ def failed(state: BreakerState, now: datetime, policy: Policy, error: str) -> Br
     if state.manual is not None or state.state == OPEN:
         return counted  # held by hand, or a call admitted before it opened
     if state.state == HALF_OPEN:
-        seconds = min(policy.open_cap_seconds, max(policy.open_seconds, state.open_seconds * 2))
-    elif counted.failures >= policy.failures:
-        seconds = policy.open_seconds
-    else:
+        return _opened(counted, now, _reopen_seconds(state, policy),
+                       {"cause": "failed probe", "error": error[:300]})
+    if counted.failures >= policy.failures:
+        return _opened(counted, now, policy.open_seconds,
+                       {"cause": "failures", "failures": counted.failures,
+                        "threshold": policy.failures})
+    return counted
+
+
+def slowed(state: BreakerState, now: datetime, policy: Policy, seconds: float,
+           tally: Tally | None) -> BreakerState:
+    """The state after a slow call: counted; opened when it was the probe or ``tally`` says so.
+
+    ``tally`` is this process's window with the call in it (None: not counted there).
+    """
+    counted = dataclasses.replace(state, slow_calls=state.slow_calls + 1, last_slow_at=now,
+                                  last_slow_seconds=round(seconds, 3))
+    if state.manual is not None or state.state == OPEN:
         return counted
-    return dataclasses.replace(counted, state=OPEN, open_seconds=seconds, opened_at=now,
-                               open_until=now + timedelta(seconds=seconds), probe_until=None)
+    if state.state == HALF_OPEN:
+        return _opened(counted, now, _reopen_seconds(state, policy),
+                       {"cause": "slow probe", "seconds": round(seconds, 3),
+                        "slow_seconds": policy.slow.seconds})
+    if tally is not None and policy.slow.opens(tally):
+        return _opened(counted, now, policy.open_seconds, policy.slow.reason(tally))
+    return counted
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOutcome:
+    """How one call went, as its breaker counts it."""
+
+    error: str | None = None
+    """A transient failure's text; None: the partner answered (or refused for good)."""
+    seconds: float = 0.0
+    slow: bool = False
+    tally: Tally | None = None
+    """This process's window with this call in it (None: slow calls are not counted)."""
+
+
+def recorded(state: BreakerState, now: datetime, policy: Policy,
+             outcome: CallOutcome) -> BreakerState | None:
+    """The state after a call; None when nothing changes (a fast answer on a closed breaker)."""
+    if outcome.error is not None:
+        after = failed(state, now, policy, outcome.error)
+        return slowed(after, now, policy, outcome.seconds, outcome.tally) if outcome.slow \
+            else after
+    if outcome.slow:
+        # An answer: the consecutive failures end, but its slowness counts.
+        return slowed(dataclasses.replace(state, failures=0), now, policy, outcome.seconds,
+                      outcome.tally)
+    return succeeded(state)
+
+
+def _reopen_seconds(state: BreakerState, policy: Policy) -> float:
+    """A failed (or slow) probe opens the breaker for twice its last time, up to the cap."""
+    return min(policy.open_cap_seconds, max(policy.open_seconds, state.open_seconds * 2))
+
+
+def _opened(state: BreakerState, now: datetime, seconds: float,
+            reason: Mapping[str, Any]) -> BreakerState:
+    return dataclasses.replace(state, state=OPEN, open_seconds=seconds, opened_at=now,
+                               open_until=now + timedelta(seconds=seconds), probe_until=None,
+                               reason=dict(reason))
 
 
 def forced(state: BreakerState, now: datetime, *, hold_open: bool, why: str,
@@ -213,9 +312,10 @@ def forced(state: BreakerState, now: datetime, *, hold_open: bool, why: str,
     audit = (*state.audit, entry)[-_AUDIT_KEEP:]
     if hold_open:
         return dataclasses.replace(state, state=OPEN, manual=entry, open_until=None,
-                                   probe_until=None, opened_at=now, audit=audit)
+                                   probe_until=None, opened_at=now, audit=audit,
+                                   reason={"cause": "held open", "by": by, "why": why})
     return dataclasses.replace(state, state=CLOSED, manual=None, failures=0, open_until=None,
-                               probe_until=None, open_seconds=0.0, audit=audit)
+                               probe_until=None, open_seconds=0.0, slow_calls=0, audit=audit)
 
 
 def swap(store: PartnerStore, name: str, change: Callable[[BreakerState], BreakerState | None],
@@ -238,8 +338,17 @@ def swap(store: PartnerStore, name: str, change: Callable[[BreakerState], Breake
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """A call let through (``Partner.begin``): the breaker as read, and when it started."""
+
+    seen: BreakerState
+    at: float
+    """This process's monotonic time when the effect started."""
+
+
 class Partner:
-    """One partner's breaker and rate; ``call`` runs an outbound call through both.
+    """One partner's bulkhead, breaker and rate; ``call`` runs an outbound call through them.
 
     Made by ``Partners.get``, which normalises the partner's name once:
     ``name`` is the stored name (``partner_name``'s result), kept as it is, so a
@@ -250,55 +359,79 @@ class Partner:
         self.name, self.partners = name, partners
 
     def call(self, effect: Callable[[], T]) -> T:
-        """Run ``effect`` if the breaker and the rate let it; raise ``PartnerPaused`` if not.
+        """Run ``effect`` if the bulkhead, breaker and rate let it; raise ``PartnerPaused`` if not.
 
         The effect's transient failure counts toward opening the breaker;
-        its return (or a permanent failure: the partner answered) closes it.
+        its return (or a permanent failure: the partner answered) closes it;
+        a slow one counts toward opening it (``eventbus.slow_calls``).
         """
-        self._refuse_replay()
-        seen = self._admit()
-        self.partners.pace(self.name)
-        try:
-            result = effect()
-        except Exception as exc:
-            after = self._after(seen, exc)
-            if after is not None and after.state == OPEN and after.open_until is not None:
-                # This failure opened it (or failed the probe): the event waits
-                # for the next probe with the others instead of spending redrives.
-                raise BreakerOpen(self.name, after.open_until, "opened by this call") from exc
-            raise
-        self._after(seen, None)
-        return result
+        self.refuse_in_replay()
+        with self.slot():
+            started = self.begin()
+            try:
+                result = effect()
+            except Exception as exc:
+                self.finish(started, exc)
+                raise
+            self.finish(started, None)
+            return result
 
-    async def call_async(self, effect: Callable[[], Awaitable[T]]) -> T:
-        """``call`` for an async ``effect`` (awaited); the same breaker and rate rules.
+    def slot(self) -> contextlib.AbstractContextManager[None]:
+        """Hold one of the partner's bulkhead slots; raise ``BulkheadFull`` when none comes free."""
+        return self.partners.slot(self.name)
 
-        The store calls run in a thread and a wait for the rate is
-        ``asyncio.sleep``, so nothing here blocks the event loop.
-        """
-        self._refuse_replay()
-        seen = await asyncio.to_thread(self._admit)
-        await self.partners.pace_async(self.name)
-        try:
-            result = await effect()
-        except Exception as exc:
-            after = await asyncio.to_thread(self._after, seen, exc)
-            if after is not None and after.state == OPEN and after.open_until is not None:
-                raise BreakerOpen(self.name, after.open_until, "opened by this call") from exc
-            raise
-        await asyncio.to_thread(self._after, seen, None)
-        return result
+    def slot_async(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """``slot`` for a coroutine: the same bulkhead, awaited without blocking the loop."""
+        return self.partners.slot_async(self.name)
 
-    def _refuse_replay(self) -> None:
+    def refuse_in_replay(self) -> None:
+        """Raise ``ReplayRefused`` in replay mode without new calls (before any slot is taken)."""
         if self.partners.refused:
             # Replay mode: a call outside the guard may have run before; see model.replay.
             raise ReplayRefused(f"partner call to {self.name!r} outside the guard: "
                                 f"{self.partners.refused}")
 
+    def begin(self) -> Started:
+        """Let a call through the breaker and the rate (raise ``PartnerPaused`` if not); time it."""
+        self.refuse_in_replay()
+        seen = self._admit()
+        self.partners.pace(self.name)
+        return Started(seen, self.partners.monotonic())
+
+    def finish(self, started: Started, exc: Exception | None) -> None:
+        """Store how the call went; raise ``BreakerOpen`` from ``exc`` when this failure
+        opened the breaker."""
+        after = self._after(started, exc)
+        if exc is not None and after is not None and after.open_until is not None:
+            # This failure opened it (or failed the probe): the event waits
+            # for the next probe with the others instead of spending redrives.
+            raise BreakerOpen(self.name, after.open_until, "opened by this call") from exc
+
+    async def call_async(self, effect: Callable[[], Awaitable[T]]) -> T:
+        """``call`` for an async ``effect`` (awaited): the same bulkhead, breaker and rate rules.
+
+        The bulkhead slot is awaited, the store calls run in a thread and a wait
+        for the rate is ``asyncio.sleep``, so nothing here blocks the event loop.
+        """
+        self.refuse_in_replay()
+        async with self.slot_async():
+            seen = await asyncio.to_thread(self._admit)
+            await self.partners.pace_async(self.name)
+            started = Started(seen, self.partners.monotonic())
+            try:
+                result = await effect()
+            except Exception as exc:
+                await asyncio.to_thread(self.finish, started, exc)
+                raise
+            await asyncio.to_thread(self.finish, started, None)
+            return result
+
     def _admit(self) -> BreakerState:
         store, policy = self.partners.store, self.partners.policy
         now = store.now()
         state = BreakerState.from_document(store.breaker_get(self.name))
+        # A breaker that opened since this process last looked: its old calls are forgotten.
+        self.partners.window(self.name).observe(state.opened_at)
         decision, probing = admit(state, now, policy)
         if decision.allowed and probing is None:
             return state
@@ -312,33 +445,62 @@ class Partner:
         assert decision.until is not None
         raise BreakerOpen(self.name, decision.until, decision.why)
 
-    def _after(self, seen: BreakerState, exc: Exception | None) -> BreakerState | None:
-        """Store how the call went; the state when this failure opened the breaker."""
-        # The call happened: a store error here must not fail it (the guard
-        # would call again), so the breaker's bookkeeping only logs.
-        store, policy = self.partners.store, self.partners.policy
-        now = store.now()
+    def _outcome(self, started: Started, exc: Exception | None) -> CallOutcome:
+        """The call's outcome: answered or failed, how long it took, this process's window."""
+        seconds = max(0.0, self.partners.monotonic() - started.at)
+        slow_policy = self.partners.policy.slow
+        slow = slow_policy.is_slow(seconds)
+        tally = self.partners.window(self.name).record(slow) if slow_policy.enabled else None
         answered = exc is None or self.partners.classifier.classify(exc) \
             is Classification.PERMANENT
+        return CallOutcome(None if answered else f"{type(exc).__name__}: {exc}", seconds,
+                           slow, tally)
+
+    def _after(self, started: Started, exc: Exception | None) -> BreakerState | None:
+        """Store how the call went; the state when this call opened the breaker."""
+        # The call happened: a store error here must not fail it (the guard
+        # would call again), so the breaker's bookkeeping only logs.
+        store, policy, seen = self.partners.store, self.partners.policy, started.seen
+        outcome = self._outcome(started, exc)
+        now = store.now()
         try:
-            if answered:
-                closed = swap(store, self.name, succeeded, seen)
-                if closed is not None and seen.state != CLOSED:
-                    # It answers again: what waited for it comes back at the next sweep,
-                    # not at each event's own reopening time.
-                    logger.info("breaker %s closed", self.name)
-                    store.unpark(self.name, now)
-                return None
-            error = f"{type(exc).__name__}: {exc}"
-            after = swap(store, self.name, lambda state: failed(state, now, policy, error), seen)
+            after = swap(store, self.name,
+                         lambda state: recorded(state, now, policy, outcome), seen)
+            if after is not None and after.state == CLOSED and seen.state != CLOSED:
+                # It answers again: what waited for it comes back at the next sweep,
+                # not at each event's own reopening time.
+                logger.info("breaker %s closed", self.name)
+                store.unpark(self.name, now)
         except Exception:
             logger.exception("breaker %s: the outcome of a call was not stored", self.name)
             return None
         if after is None or after.state != OPEN or after.opened_at != now:
             return None
-        logger.warning("breaker %s open until %s after %d failures", self.name,
-                       after.open_until, after.failures)
+        logger.warning("breaker %s open until %s: %s", self.name, after.open_until,
+                       describe_reason(after.reason))
         return after
+
+
+def describe_reason(reason: Mapping[str, Any] | None) -> str:
+    """Why a breaker opened, in words with its numbers (empty when it never opened)."""
+    if not reason:
+        return ""
+    cause = str(reason.get("cause", ""))
+    if cause == "failures":
+        return f"{reason.get('failures')} failures in a row (threshold {reason.get('threshold')})"
+    if cause == "slow calls":
+        share = float(reason.get("share") or 0) * 100
+        threshold = float(reason.get("threshold") or 0) * 100
+        return (f"slow calls: {reason.get('slow')} of the last {reason.get('calls')} took "
+                f">= {reason.get('slow_seconds')} s ({share:.0f}%, threshold {threshold:.0f}%)")
+    if cause == "slow probe":
+        return f"slow probe: {reason.get('seconds')} s (>= {reason.get('slow_seconds')} s)"
+    if cause == "failed probe":
+        # The error's full text is the breaker's ``last_error``; a reason stays one line.
+        return f"failed probe: {str(reason.get('error'))[:60]}"
+    if cause == "held open":
+        return f"held open by {reason.get('by')}: {reason.get('why')}"
+    return cause
 
 
 def _probe(state: BreakerState, now: datetime, policy: Policy) -> BreakerState | None:
@@ -347,18 +509,31 @@ def _probe(state: BreakerState, now: datetime, policy: Policy) -> BreakerState |
     return probing if decision.allowed else None
 
 
+@dataclasses.dataclass
+class Local:
+    """What this process keeps of one partner: its bulkhead and its window of latest calls."""
+
+    bulkhead: Bulkhead
+    window: CallWindow
+    users: int = 0
+    """Calls holding or waiting for a slot now (an entry in use is never forgotten)."""
+
+
 class Partners:
-    """The partners of one processor: its store, classifier, settings and waits."""
+    """The partners of one processor: its store, classifier, settings, waits, and per partner
+    this process's bulkhead and window of latest calls (``local``)."""
 
     def __init__(self, store: PartnerStore, settings: Settings, *,
                  now: Callable[[], datetime] | None = None,
                  classifier: Classifier | None = None,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 sleep: Callable[[float], None] | None = None,
+                 monotonic: Callable[[], float] | None = None) -> None:
         """Decide every breaker and rate time on ``store.now()``, never on ``now``.
 
-        ``now`` is this process's clock, only as the source of its waits:
-        ``sleep`` defaults to ``now.sleep`` (a ``FakeClock``'s moves it), else
-        ``time.sleep``.
+        ``now`` is this process's clock, only as the source of its waits and
+        of its calls' durations: ``sleep`` defaults to ``now.sleep`` and
+        ``monotonic`` to ``now.monotonic`` (a ``FakeClock``'s move it), else
+        ``time.sleep`` and ``time.monotonic``.
         """
         self.store, self.settings = store, settings
         self.refused = ""
@@ -366,12 +541,89 @@ class Partners:
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
         self.sleep = sleep or getattr(now, "sleep", None) or time.sleep
+        self.monotonic: Callable[[], float] = monotonic or getattr(now, "monotonic", None) \
+            or time.monotonic
         # Keyed by stored name, as every lookup is (``rate`` gets a ``Partner.name``).
         self.rates = {partner_name(name): rate for name, rate in settings.partner_rates}
+        self.concurrencies = {partner_name(name): cap
+                              for name, cap in settings.partner_concurrencies}
+        self._local: dict[str, Local] = {}
+        self._lock = threading.Lock()
 
     def get(self, name: object) -> Partner:
         """Return partner ``name`` (any text), under its stored name: the one normalisation."""
         return Partner(partner_name(name), self)
+
+    def concurrency(self, name: str) -> int:
+        """The bulkhead of the partner stored as ``name``: calls in flight per process (0: none)."""
+        return self.concurrencies.get(name, self.settings.partner_concurrency)
+
+    def window(self, name: str) -> CallWindow:
+        """This process's window of the latest calls of the partner stored as ``name``."""
+        with self._lock:
+            return self._entry(name).window
+
+    def in_flight(self) -> dict[str, int]:
+        """This process's calls in flight now, per partner it has called (stored names)."""
+        with self._lock:
+            return {name: local.bulkhead.in_flight for name, local in self._local.items()}
+
+    def local(self, name: str) -> Local | None:
+        """What this process keeps of the partner stored as ``name``, if anything."""
+        with self._lock:
+            return self._local.get(name)
+
+    @contextlib.contextmanager
+    def slot(self, name: str) -> Iterator[None]:
+        """Hold a slot of ``name``'s bulkhead: wait briefly for one, else raise ``BulkheadFull``."""
+        local = self._use(name)
+        try:
+            with local.bulkhead.slot(self.settings.partner_concurrency_wait_seconds):
+                yield
+        except Full as exc:
+            raise self._full(name, exc) from exc
+        finally:
+            self._release(local)
+
+    @contextlib.asynccontextmanager
+    async def slot_async(self, name: str) -> AsyncIterator[None]:
+        """``slot`` for a coroutine: the same bulkhead, awaited without blocking the loop."""
+        local = self._use(name)
+        try:
+            async with local.bulkhead.slot_async(
+                    self.settings.partner_concurrency_wait_seconds):
+                yield
+        except Full as exc:
+            raise self._full(name, exc) from exc
+        finally:
+            self._release(local)
+
+    def _full(self, name: str, exc: Full) -> BulkheadFull:
+        until = self.store.now() + timedelta(
+            seconds=self.settings.partner_concurrency_park_seconds)
+        return BulkheadFull(name, until, f"bulkhead full: {exc}")
+
+    def _use(self, name: str) -> Local:
+        with self._lock:
+            local = self._entry(name)
+            local.users += 1
+            return local
+
+    def _release(self, local: Local) -> None:
+        with self._lock:
+            local.users -= 1
+
+    def _entry(self, name: str) -> Local:
+        """``name``'s entry, made on first use (the lock held); idle ones go past ``_TRACKED``."""
+        local = self._local.get(name)
+        if local is None:
+            if len(self._local) >= _TRACKED:
+                for idle in [key for key, entry in self._local.items() if entry.users == 0]:
+                    del self._local[idle]
+            local = self._local[name] = Local(
+                Bulkhead(name, self.concurrency(name), self.monotonic),
+                CallWindow(self.policy.slow.window))
+        return local
 
     def rate(self, name: str) -> float:
         """Calls per second allowed to the partner stored as ``name`` (0: no limit)."""

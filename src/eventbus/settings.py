@@ -53,11 +53,14 @@ def read_env(cls: type[T], sources: Mapping[str, tuple[str, Parser]],
 
 
 def parse_float(value: str) -> float:
-    """Parse a positive number."""
+    """Parse a positive, finite number (``nan`` and ``inf`` are refused)."""
     try:
         number = float(value)
     except ValueError:
         raise SettingsError(f"not a number: {value!r}") from None
+    # nan passes every "<= 0" test and inf turns a wait into a hang: neither is a setting.
+    if not math.isfinite(number):
+        raise SettingsError(f"must be a finite number: {value!r}")
     if number <= 0:
         raise SettingsError(f"must be positive: {value!r}")
     return number
@@ -117,6 +120,45 @@ def parse_rates(value: str) -> tuple[tuple[str, float], ...]:
             raise SettingsError(f"not name=rate: {part!r}")
         pairs.append((name.strip(), parse_rate(rate)))
     return tuple(pairs)
+
+
+MAX_CONCURRENCY = 100_000
+"""The largest per-partner cap accepted: more calls in flight than any process holds."""
+
+
+def parse_concurrency(value: str) -> int:
+    """Parse a cap on calls in flight: a whole number from 0 (no cap) to ``MAX_CONCURRENCY``."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise SettingsError(f"not a number: {value!r}") from None
+    if not math.isfinite(number) or number < 0 or number != int(number):
+        raise SettingsError(f"must be 0 (no cap) or a whole number of calls: {value!r}")
+    if number > MAX_CONCURRENCY:
+        raise SettingsError(f"must be at most {MAX_CONCURRENCY}: {value!r}")
+    return int(number)
+
+
+def parse_concurrencies(value: str) -> tuple[tuple[str, int], ...]:
+    """Parse ``name=cap`` pairs, comma-separated (``acme=4,globex=1``; ``acme=0``: no cap)."""
+    pairs = []
+    for part in parse_list(value):
+        name, equals, cap = part.partition("=")
+        if not equals or not name.strip():
+            raise SettingsError(f"not name=cap: {part!r}")
+        pairs.append((name.strip(), parse_concurrency(cap)))
+    return tuple(pairs)
+
+
+def parse_seconds_or_zero(value: str) -> float:
+    """Parse a duration in seconds: a finite number, 0 or more (0: off, or no wait)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise SettingsError(f"not a number: {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise SettingsError(f"must be 0 or a finite number of seconds: {value!r}")
+    return number
 
 
 def parse_choice(*choices: str) -> Parser:
@@ -286,6 +328,23 @@ class Settings:
         30.0, env="EVENTBUS_BREAKER_PROBE_SECONDS", parse=parse_float,
         doc="How long a half-open breaker waits for its probe's answer before another call "
             "may probe (longer than a partner call's deadline).")
+    breaker_slow_seconds: float = setting(
+        0.0, env="EVENTBUS_BREAKER_SLOW_SECONDS", parse=parse_seconds_or_zero,
+        doc="A partner call that takes at least this long (on this process's monotonic "
+            "clock) is slow; enough slow calls open the breaker as failures do (0: off). "
+            "Set it under the partner call's deadline.")
+    breaker_slow_share: float = setting(
+        0.5, env="EVENTBUS_BREAKER_SLOW_SHARE", parse=parse_ratio,
+        doc="The share of a partner's recent calls (`EVENTBUS_BREAKER_SLOW_WINDOW`) that, "
+            "slow, opens its breaker (resilience4j's `slowCallRateThreshold`, as a share).")
+    breaker_slow_min_calls: int = setting(
+        10, env="EVENTBUS_BREAKER_SLOW_MIN_CALLS", parse=parse_int,
+        doc="How many recent calls a process must have seen before their slow share may open "
+            "the breaker (resilience4j's `minimumNumberOfCalls`).")
+    breaker_slow_window: int = setting(
+        20, env="EVENTBUS_BREAKER_SLOW_WINDOW", parse=parse_int,
+        doc="How many of a partner's latest calls each process keeps to count the slow share "
+            "(a count-based sliding window; at least `EVENTBUS_BREAKER_SLOW_MIN_CALLS`).")
     partner_rate: float = setting(
         0.0, env="EVENTBUS_PARTNER_RATE", parse=parse_rate,
         doc="Calls per second to each partner, shared by every instance through one token "
@@ -298,6 +357,25 @@ class Settings:
     partner_rate_wait_seconds: float = setting(
         1.0, env="EVENTBUS_PARTNER_RATE_WAIT_SECONDS", parse=parse_float,
         doc="The longest a call over its partner's rate waits; a longer wait parks its event.")
+    partner_concurrency: int = setting(
+        0, env="EVENTBUS_PARTNER_CONCURRENCY", parse=parse_concurrency,
+        doc="A bulkhead: the most calls to one partner in flight at once in this process "
+            "(each process has its own; 0: no cap). A call over it waits up to "
+            "`EVENTBUS_PARTNER_CONCURRENCY_WAIT_SECONDS`, then its event is parked as a "
+            "rate-limited one is (stored, acked, redriven), never answered 503.")
+    partner_concurrencies: tuple[tuple[str, int], ...] = setting(
+        (), env="EVENTBUS_PARTNER_CONCURRENCIES", parse=parse_concurrencies,
+        doc="Per-partner overrides of `EVENTBUS_PARTNER_CONCURRENCY`: `name=cap`, "
+            "comma-separated (`name=0`: no cap for that partner).")
+    partner_concurrency_wait_seconds: float = setting(
+        0.2, env="EVENTBUS_PARTNER_CONCURRENCY_WAIT_SECONDS", parse=parse_seconds_or_zero,
+        doc="The longest a call over its partner's bulkhead waits for a free slot (0: none); "
+            "then its event is parked for `EVENTBUS_PARTNER_CONCURRENCY_PARK_SECONDS`. Less "
+            "than half of `EVENTBUS_LEASE_SECONDS`: the call waits under its claim's lease.")
+    partner_concurrency_park_seconds: float = setting(
+        1.0, env="EVENTBUS_PARTNER_CONCURRENCY_PARK_SECONDS", parse=parse_float,
+        doc="How long an event over its partner's bulkhead is parked: its `redrive_at` is "
+            "this far ahead on the store's clock.")
     partner_burst_seconds: float = setting(
         1.0, env="EVENTBUS_PARTNER_BURST_SECONDS", parse=parse_float,
         doc="A partner's burst: its token bucket holds this many seconds' worth of calls "
@@ -327,15 +405,25 @@ class Settings:
             "`pymongo` (a span per round trip), `none`.")
 
     def __post_init__(self) -> None:
-        """Refuse settings that would serve pushes unauthenticated while auth is on, or that
-        would let an event's claim lapse while it waits for its entity."""
+        """Refuse settings that would serve pushes unauthenticated while auth is on, that
+        would let an event's claim lapse while it waits for its entity or a partner's
+        bulkhead, or a slow-call window smaller than its minimum of calls."""
         validate_auth(self.auth_enabled, self.auth_audience, self.auth_service_accounts)
-        # The wait for a busy entity runs under the claims' renewed leases, but a
+        # The waits for a busy entity or bulkhead run under the claims' renewed leases, but a
         # wait as long as half a lease leaves a single missed renewal no margin.
         if self.order_wait_seconds * 2 >= self.lease_seconds:
             raise SettingsError(
                 f"EVENTBUS_ORDER_WAIT_SECONDS ({self.order_wait_seconds:g}) must be less than "
                 f"half of EVENTBUS_LEASE_SECONDS ({self.lease_seconds:g})")
+        if self.partner_concurrency_wait_seconds * 2 >= self.lease_seconds:
+            raise SettingsError(
+                f"EVENTBUS_PARTNER_CONCURRENCY_WAIT_SECONDS "
+                f"({self.partner_concurrency_wait_seconds:g}) must be less than half of "
+                f"EVENTBUS_LEASE_SECONDS ({self.lease_seconds:g})")
+        if self.breaker_slow_window < self.breaker_slow_min_calls:
+            raise SettingsError(
+                f"EVENTBUS_BREAKER_SLOW_WINDOW ({self.breaker_slow_window}) must be at least "
+                f"EVENTBUS_BREAKER_SLOW_MIN_CALLS ({self.breaker_slow_min_calls})")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -43,7 +43,7 @@ def test_partners_lists_breakers_and_parked_events_with_every_value_escaped(bus:
     code, out, _ = bus.run("partners")
     assert code == 0 and "\x1b" not in out and "\\x1b" in out
     header, _, row = out.splitlines()[:3]
-    assert header.split()[:3] == ["partner", "breaker", "failures"]
+    assert header.split()[:4] == ["partner", "breaker", "opened", "because"]
     assert row.startswith("acme") and "open, until" in row
     [acme] = bus.json("partners")
     assert (acme["name"], acme["state"], acme["failures"], acme["parked"]) == \

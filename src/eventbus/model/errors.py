@@ -43,7 +43,7 @@ class PublishError(TransientError):
 
 
 class PartnerPaused(TransientError):
-    """Raised instead of a partner call the partner's breaker or rate does not let through.
+    """Raised instead of a partner call its breaker, rate or bulkhead does not let through.
 
     The processor parks the event: FAILED-retryable with ``partner`` and
     ``until`` in its error, ``redrive_at`` at ``until``, acked, and no attempt
@@ -63,6 +63,10 @@ class BreakerOpen(PartnerPaused):
 
 class RateLimited(PartnerPaused):
     """Raised when the partner's shared rate is spent for longer than a brief wait."""
+
+
+class BulkheadFull(PartnerPaused):
+    """Raised when the partner's bulkhead (its calls in flight in this process) stayed full."""
 
 
 class PermanentError(EventBusError):

@@ -1,5 +1,12 @@
 """Partners for operators: each breaker, its parked events and rate; opening and closing by hand.
 
+A view shows why the breaker last opened (``reason``: failures or slow calls,
+with the numbers), the slow calls counted on it (every instance's: they are
+stored), the bulkhead's cap, and the calls in flight **of this process** when
+the view is made inside a service (the console mounted in it: ``local``);
+elsewhere (``eventbus partners``, a console of its own) they are unknown
+(None), since each process keeps its own bulkhead.
+
 ``views`` is what ``eventbus partners`` and the console's partners page show,
 each partner under its stored name (``eventbus.partners.partner_name``).
 ``steer`` holds a breaker open or closes it, audited like a replay: an entry
@@ -23,6 +30,7 @@ from eventbus.partners import (
     OPEN,
     BreakerState,
     Partners,
+    describe_reason,
     forced,
     partner_name,
     swap,
@@ -53,27 +61,48 @@ class PartnerView:
     rate: float
     """Calls per second allowed (0: no limit)."""
     audit: tuple[Mapping[str, Any], ...] = ()
+    reason: str = ""
+    """Why the breaker last opened, in words with its numbers (empty: never opened)."""
+    opened_at: datetime | None = None
+    slow_calls: int = 0
+    """Slow calls counted on the breaker since it last closed (every instance's)."""
+    last_slow_at: datetime | None = None
+    last_slow_seconds: float = 0.0
+    concurrency: int = 0
+    """The bulkhead: calls in flight allowed per process (0: no cap)."""
+    in_flight: int | None = None
+    """This process's calls in flight now; None when the view is made outside the service."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the view as plain data."""
         return dataclasses.asdict(self)
 
 
-def views(store: Any, settings: Settings, now: datetime) -> list[PartnerView]:
-    """Return every partner with a breaker or parked events, by name."""
+def views(store: Any, settings: Settings, now: datetime,
+          local: Partners | None = None) -> list[PartnerView]:
+    """Return every partner with a breaker, parked events, a rate or a cap of its own, by name.
+
+    ``local``: the service's own ``Partners`` (the console mounted in it), whose
+    calls in flight are shown, and whose partners with calls in flight are listed.
+    """
     breakers = {str(doc["name"]): BreakerState.from_document(doc) for doc in store.breakers()}
     parked = store.parked_counts()
-    rates = Partners(store, settings)
-    names = sorted({*breakers, *parked, *rates.rates})
-    return [_view(name, breakers.get(name, BreakerState()), parked.get(name, 0),
-                  rates.rate(name), now) for name in names]
+    group = local or Partners(store, settings)
+    flying = local.in_flight() if local is not None else {}
+    names = sorted({*breakers, *parked, *group.rates, *group.concurrencies,
+                    *(name for name, n in flying.items() if n)})
+    return [_view(name, breakers.get(name, BreakerState()), parked.get(name, 0), group, now,
+                  flying.get(name, 0) if local is not None else None) for name in names]
 
 
-def _view(name: str, state: BreakerState, parked: int, rate: float,
-          now: datetime) -> PartnerView:
+def _view(name: str, state: BreakerState, parked: int, group: Partners, now: datetime,
+          in_flight: int | None) -> PartnerView:
     kind, until, label = describe(state, now)
     return PartnerView(name, kind, label, until, state.failures, state.last_error,
-                       state.last_failure_at, parked, rate, state.audit)
+                       state.last_failure_at, parked, group.rate(name), state.audit,
+                       describe_reason(state.reason), state.opened_at, state.slow_calls,
+                       state.last_slow_at, state.last_slow_seconds, group.concurrency(name),
+                       in_flight)
 
 
 def describe(state: BreakerState, now: datetime) -> tuple[str, datetime | None, str]:

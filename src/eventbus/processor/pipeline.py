@@ -125,7 +125,7 @@ class Processor:
         self.heartbeat = heartbeat or Heartbeat(store, now=now)
         self.guard = Guard(store, lease=store.lease, now=now, keep=self.heartbeat.guarding)
         self.partners = Partners(store, settings, now=now, classifier=self.classifier,
-                                 sleep=sleep)
+                                 sleep=sleep, monotonic=monotonic)
         self.intake, self.rejections = Intake(store, router), Rejections(store, now)
         self.lanes = Lanes(store, now, settings.order_wait_seconds, sleep=sleep,
                            redrive_after=timedelta(seconds=settings.redrive_after_seconds))

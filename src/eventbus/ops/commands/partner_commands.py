@@ -1,4 +1,5 @@
-"""``eventbus partners``: each partner's breaker, failures, parked events and rate;
+"""``eventbus partners``: each partner's breaker, why it opened, failures, slow calls, parked
+events, rate and bulkhead;
 ``eventbus partners open|close NAME --why ...`` holds a breaker open or closes it, audited
 (``eventbus.ops.partner_ops``)."""
 
@@ -28,11 +29,20 @@ def add(commands: Any) -> None:
 
 
 def cmd_list(args: argparse.Namespace, tools: Tools) -> int:
-    """Print every partner with a breaker, parked events or a rate of its own."""
+    """Print every partner with a breaker, parked events, a rate or a cap of its own.
+
+    Calls in flight are each process's own (its bulkhead): this command runs in
+    none of the service's processes, so it says so instead of showing 0.
+    """
     found = views(tools.store(), tools.settings, tools.now())
     rows = [_row(view) for view in found]
-    text = table(["partner", "breaker", "failures", "last error", "parked", "rate/s"], rows,
-                 whole=("partner",)) if rows else "no partner has a breaker or parked events"
+    headers = ["partner", "breaker", "opened because", "failures", "last error", "slow calls",
+               "parked", "rate/s", "bulkhead"]
+    text = table(headers, rows, whole=("partner", "opened because")) if rows \
+        else "no partner has a breaker or parked events"
+    if rows:
+        text += ("\nbulkhead: calls in flight allowed per process; the calls in flight are "
+                 "each process's own (the console mounted in the service shows its process's)")
     tools.emit([view.to_json() for view in found], text, args)
     return 0
 
@@ -40,8 +50,19 @@ def cmd_list(args: argparse.Namespace, tools: Tools) -> int:
 def _row(view: PartnerView) -> list[Any]:
     when = f"{view.last_failure_at:%Y-%m-%d %H:%M:%S}Z " if view.last_failure_at else ""
     last = f"{when}{view.last_error}" if view.last_error else ""
-    return [view.name, view.label, view.failures, last, view.parked,
-            f"{view.rate:g}" if view.rate else "-"]
+    opened = f"{view.opened_at:%Y-%m-%d %H:%M:%S}Z {view.reason}" \
+        if view.reason and view.opened_at else view.reason
+    return [view.name, view.label, opened or "-", view.failures, last, slow_calls(view),
+            view.parked, f"{view.rate:g}" if view.rate else "-",
+            view.concurrency or "-"]
+
+
+def slow_calls(view: PartnerView) -> str:
+    """The slow calls column: how many, and the last one's length and time."""
+    if not view.slow_calls:
+        return "0"
+    when = f" at {view.last_slow_at:%H:%M:%S}Z" if view.last_slow_at else ""
+    return f"{view.slow_calls} (last {view.last_slow_seconds:g} s{when})"
 
 
 def cmd_steer(args: argparse.Namespace, tools: Tools) -> int:

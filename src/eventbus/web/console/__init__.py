@@ -79,6 +79,9 @@ class Console:
     locate: Locator
     now: Callable[[], datetime]
     verifier: Any = None
+    partners: Any = None
+    """The service's own ``eventbus.partners.Partners`` when mounted in it (its process's
+    calls in flight are shown); None in a console of its own."""
 
 
 def create_console_app(store: Any, config: ConsoleConfig, *, settings: Settings | None = None,
@@ -98,6 +101,7 @@ def mount_console(app: flask.Flask, config: ConsoleConfig, *, url_prefix: str = 
     service = app.extensions["eventbus"]
     console = _console(service.store, config, service.settings, publisher,
                        service.processor.locate, now)
+    console.partners = service.processor.partners
     _register(app, console, url_prefix)
     return app
 

@@ -178,10 +178,13 @@ def partner() -> str:
 
 @blueprint.get("/partners")
 def partners() -> str:
-    """Each partner's breaker, failures, parked events and rate (``eventbus partners``)."""
+    """Each partner's breaker, why it opened, failures, slow calls, parked events, rate and
+    bulkhead, with this process's calls in flight when mounted in the service
+    (``eventbus partners``)."""
     app = console()
-    return flask.render_template("partners.html",
-                                 partners=partner_ops.views(app.store, app.settings, app.now()))
+    return flask.render_template("partners.html", local=app.partners is not None,
+                                 partners=partner_ops.views(app.store, app.settings, app.now(),
+                                                            app.partners))
 
 
 @blueprint.get("/rebuilds")
