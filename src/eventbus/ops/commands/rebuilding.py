@@ -50,6 +50,9 @@ from eventbus.store.operator_queries import EventQuery
 from eventbus.workers.rate import RateLimit
 
 _MAX_KEY = 1024
+_MAX_KEYS_BYTES = 8 * 1024 * 1024
+"""The most the selection's keys may take in the run document (one MongoDB document holds
+16 MB, and ``--resume`` needs the keys): a bigger file is refused before anything runs."""
 
 
 def add(commands: Any) -> None:
@@ -289,7 +292,14 @@ def _keys(source: str) -> tuple[str, ...]:
         keys.append(key)
     if not keys:
         raise UsageError(f"{safe(source)} holds no keys")
-    return tuple(dict.fromkeys(keys))
+    unique = tuple(dict.fromkeys(keys))
+    size = sum(len(key.encode("utf-8")) + 16 for key in unique)  # BSON's per-entry cost
+    if size > _MAX_KEYS_BYTES:
+        raise UsageError(f"{safe(source)} holds {len(unique)} keys ({size // 1_000_000} MB): "
+                         f"more than a rebuild's run document keeps "
+                         f"({_MAX_KEYS_BYTES // 1_000_000} MB); split the file and rebuild "
+                         "each part")
+    return unique
 
 
 def _text(value: str, option: str) -> str:
