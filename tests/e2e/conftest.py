@@ -25,7 +25,7 @@ skips it. Every test in this directory gets the ``e2e`` marker.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,7 @@ def service(
         app: str = "main:app",
         cwd: Path = PROJECT_ROOT,
         startup_timeout: float = 30.0,
+        extra_args: Sequence[str] = (),
     ) -> ServiceProcess:
         if gunicorn_command() is None:
             unavailable("gunicorn is not installed (.venv/bin/gunicorn)")
@@ -149,6 +150,7 @@ def service(
             env=dict(env or {}),
             workers=workers,
             startup_timeout=startup_timeout,
+            extra_args=tuple(extra_args),
         )
         started.append(process)
         try:

@@ -12,10 +12,13 @@ Every handler's effect is ``count_run``: a non-idempotent ``$inc`` on
 - ``TEST_CRASH``: on its first attempt, SIGKILLs its own gunicorn worker; then counts.
 - ``TEST_GATED``: while the file named by ``E2E_GATE_FILE`` exists, records that it
   waits (``e2e_gate_waits``) and waits; then counts.
+- ``TEST_ASYNC``: an ``async def`` handler: awaits ``entity_data.sleep`` seconds (default
+  0) on the processor's loop, then counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -40,6 +43,13 @@ def count_run(context: Context) -> None:
 def effect(context: Context) -> None:
     """Sleep a little (``sleep`` seconds), then count one run."""
     time.sleep(float(context.event.entity_data.get("sleep", 0)))
+    count_run(context)
+
+
+@routes.handler("TEST_ASYNC")
+async def effect_async(context: Context) -> None:
+    """Await a little (``sleep`` seconds) without holding a thread, then count one run."""
+    await asyncio.sleep(float(context.event.entity_data.get("sleep", 0)))
     count_run(context)
 
 
