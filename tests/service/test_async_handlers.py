@@ -205,7 +205,9 @@ def test_a_handler_that_blocks_the_loop_is_named_and_still_correct(
         caplog: pytest.LogCaptureFixture) -> None:
     async def blocks(context: Context) -> None:
         if context.event.entity_data["n"] == 1:
-            time.sleep(0.6)  # the mistake: a sync wait inside async def
+            # The mistake: a sync wait inside async def; long enough that a watchdog thread
+            # starved on a loaded machine still wakes while it lasts.
+            time.sleep(1.5)
         await asyncio.sleep(0)
 
     w = worker(blocks, settings=Settings(max_attempts=5, async_block_warning_seconds=0.2))
