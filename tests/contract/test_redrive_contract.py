@@ -317,3 +317,55 @@ def test_records_a_pass_cannot_act_on_do_not_starve_the_others(
     report = redriver.sweep(limit=2)
     assert (report.failed, report.republished) == (4, 1)
     assert keys_of(run, publisher) == [ok]
+
+
+# -- records a rebuild made (``rebuild_made``): only a rebuild runs them -------------------------
+MADE = {**FIELDS, documents.REBUILD_MADE: "rb-made"}
+
+
+def test_an_unfinished_record_a_rebuild_made_is_never_due(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    """Issue 31: PENDING (its entity stayed busy) or PROCESSING (the rebuild died after its
+    claim), a record a rebuild made stays out of the redrive; the same records without the
+    mark are due as always."""
+    pending, dead, live_pending, live_dead = (new_key() for _ in range(4))
+    for key, fields in ((pending, MADE), (live_pending, FIELDS)):
+        claim = store.claim(key, fields, now)
+        assert store.finish_many([Finish(key, claim.owner, unclaim=True, redrive_at=now)],
+                                 now).lost == frozenset()
+    store.claim(dead, MADE, now)
+    store.claim(live_dead, FIELDS, now)
+    store_clock.advance(seconds(3 * store.lease))
+    found = due(store)
+    assert {live_pending, live_dead} <= found
+    assert pending not in found and dead not in found
+    assert (store.get(pending) or {})["event_status"] == documents.PENDING
+    assert (store.get(dead) or {})[documents.REBUILD_MADE] == "rb-made"
+
+
+def test_a_finished_record_a_rebuild_made_keeps_the_usual_rules(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    """The mark excludes only unfinished records: a FAILED-retryable one is due at its time."""
+    key = new_key()
+    claim = store.claim(key, MADE, now)
+    assert store.fail(key, claim.owner, now, ERROR, retryable=True, redrive_at=now + AFTER)
+    store_clock.advance(seconds(AFTER))
+    assert key in due(store)
+
+
+def test_a_dead_rebuild_claim_is_taken_again_only_once_its_lease_lapsed(
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
+    """A resumed rebuild claims the record again through the live claim (fenced on the
+    store's clock); the mark stays, and the summaries (``eventbus status``) carry it."""
+    key = new_key()
+    store.claim_many({key: MADE, new_key(): MADE}, now)
+    early = store.claim_many({key: {**FIELDS, documents.REBUILD_MADE: "rb-other"}}, now)
+    assert key not in early.taken
+    store_clock.advance(seconds(store.lease) + 1)
+    later = store.claim_many({key: {**FIELDS, documents.REBUILD_MADE: "rb-other"}}, now)
+    assert key in later.taken and later.taken[key].attempt == 2
+    record = store.get(key)
+    assert record is not None and record[documents.REBUILD_MADE] == "rb-made"
+    (summary,) = [s for s in store.summaries() if s["idempotency_key"] == key]
+    assert summary[documents.REBUILD_MADE] == "rb-made"
+    assert summary["event_status"] == documents.PROCESSING

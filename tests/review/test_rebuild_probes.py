@@ -458,12 +458,6 @@ def test_an_archive_rebuild_refused_for_a_new_call_never_leads_to_the_call() -> 
     assert world.calls == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: an archived event (no record here) whose entity is held elsewhere for the whole "
-    "rebuild is given back as a live PENDING record with a redrive_at; the redrive sweeper "
-    "then publishes it and the live pipeline runs it with the live guard, so its guarded "
-    "call (made once in production, its guard record expired) is made again without "
-    "--allow-new-calls"))
 def test_an_archived_event_whose_entity_stays_busy_is_never_run_live_later() -> None:
     import tempfile
 
@@ -479,6 +473,12 @@ def test_an_archived_event_whose_entity_stays_busy_is_never_run_live_later() -> 
         assert holds.held(order.entity_key)
         report = job(bus, world.router(ordered=True), archive=path, retries=2).run()
     assert report.counts["busy"] == 1 and world.calls == []
+    key = located(bus, messages[0]).key
+    record = bus.record(key)
+    assert record is not None and record["event_status"] == "PENDING"
+    assert record["rebuild_made"] == report.rebuild_id
+    from eventbus.ops.progress import status_table
+    assert f"UNFINISHED {key}" in status_table(bus.store)  # shown to the operator
     # The live holder finishes; the store's sweeper comes round later.
     bus.store.finish_many([], bus.clock(), [_release(holds, order.entity_key)])
     bus.clock.advance(bus.settings.redrive_after_seconds * 4)
@@ -486,11 +486,6 @@ def test_an_archived_event_whose_entity_stays_busy_is_never_run_live_later() -> 
     assert world.calls == []  # the partner was called in production already
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: a rebuild that dies after the live claim of an archived event (no record here) "
-    "leaves it PROCESSING; once its lease is a lease old the redrive sweeper publishes it "
-    "and the live pipeline runs it, guarded call included, without --allow-new-calls; the "
-    "resumed rebuild meanwhile skips it ('PROCESSING, not SUCCESS')"))
 def test_a_rebuild_dying_after_an_archived_events_claim_never_runs_it_live_later() -> None:
     import tempfile
 
@@ -508,7 +503,13 @@ def test_a_rebuild_dying_after_an_archived_events_claim_never_runs_it_live_later
         bus.clock.advance(LEASE * 3)
         run = bus.store.rebuild_get(first.report.rebuild_id)
         resumed = job(bus, world.router(), run=run, archive=path).run()
-    assert resumed.counts["rebuilt"] == 0  # the resumed rebuild cannot take it back
+    # The resumed rebuild takes its record back (the dead claim's lease lapsed) and runs it
+    # in replay mode: its call, never made here, is refused without --allow-new-calls.
+    assert resumed.counts["rebuilt"] == 0 and resumed.counts["failed"] == 1, resumed
+    assert "--allow-new-calls" in resumed.failures[0]["reason"]
+    record = bus.record(key)
+    assert record is not None and record["event_status"] == "FAILED"
+    assert record["retryable"] is False
     bus.clock.advance(bus.settings.redrive_after_seconds * 4)
     redrive_and_deliver(bus)
     assert world.calls == []
@@ -649,11 +650,6 @@ def test_verify_flags_a_handler_that_reads_the_wall_clock() -> None:
     assert report.counts().get("different") == 1 and report.exit_code() == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: verify's context.now is the record's lastUpdatedTime, and a rebuild's audit "
-    "entry moves lastUpdatedTime to the rebuild's time; a handler that stamps a child with "
-    "context.now (the clock OPERATORS.md says verify pins) then reads as "
-    "DIFFERENT on an unchanged app for every rebuilt event"))
 def test_verify_after_a_rebuild_passes_an_unchanged_app_that_uses_context_now() -> None:
     from eventbus.ops.verify import StoreLookups, Verifier
 

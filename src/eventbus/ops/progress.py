@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from eventbus.model.status import Status
 from eventbus.ops.render import safe
 from eventbus.store.base import EventStore
+from eventbus.store.documents import rebuilds
 
 STALE = "SUCCESS(stale)"
 """An ordered handler's event older than its entity's applied position: stored, never run."""
@@ -77,6 +78,11 @@ def status_table(store: EventStore, keys: Iterable[str] | None = None) -> str:
     lines += [f"  FAILED {safe(doc['idempotency_key'])}: "
               f"{safe((doc.get('error') or {}).get('message', ''))}"
               for doc in docs if doc.get("event_status") == Status.FAILED]
+    lines += [f"  UNFINISHED {safe(doc['idempotency_key'])}: made by rebuild "
+              f"{safe(str(doc.get('rebuild_made')))}, {safe(str(doc.get('event_status')))}; "
+              f"no redrive runs it: eventbus rebuild --resume "
+              f"{safe(str(doc.get('rebuild_made')))}"
+              for doc in docs if rebuilds.made_unfinished(doc)]
     return "\n".join(lines)
 
 

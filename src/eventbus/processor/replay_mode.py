@@ -32,6 +32,15 @@ for a guarded call unless the guard's own record outlived it, so such calls
 are refused without ``new_calls``; a refused or failed run stores the record
 FAILED for good with the same audit entry, so nothing runs it by itself
 later (``eventbus replay KEY`` runs it live, partner calls included).
+
+Such a record carries ``rebuild_made`` (the rebuild's id) from its claim on.
+While it is unfinished (its entity stayed busy for the whole rebuild: PENDING;
+the rebuild died after its claim: PROCESSING) the store's redrive leaves it
+out, since the live pipeline would run it with the live guard and repeat a
+call made in production; a rebuild that meets it again (``--resume``, or
+``--keys`` naming it) claims it again as a new record, through the live claim
+(fenced on the store's clock: taken once the dead claim's lease lapsed).
+``eventbus status`` lists every unfinished one.
 """
 
 from __future__ import annotations
@@ -161,8 +170,12 @@ class ReplayProcessor(Processor):
             assert item.located is not None and item.located.route is not None
             if item.located.route.replay == "skip":
                 item.result = _skipped(item, 'its route says replay="skip"')
-            elif record is None and id(item.delivery) in self._records:
-                new[item.key] = item.located.fields
+            elif (record is None and id(item.delivery) in self._records) or (
+                    rebuilds.made_unfinished(record) and record is not None
+                    and record.get("idempotency_key") == item.key):
+                # No record, or one a rebuild made and never finished: a new record,
+                # marked with this rebuild (``rebuild_made``) so no redrive runs it.
+                new[item.key] = {**item.located.fields, rebuilds.MADE: self.replay.rebuild_id}
             elif record is None or record.get("idempotency_key") != item.key:
                 item.result = _skipped(item, "the stored event lands on another key now")
             else:
@@ -187,6 +200,9 @@ class ReplayProcessor(Processor):
             return item.result
         if refused:
             return _skipped(item, "the store refuses its record's content")
+        if item.key in self._asked_new and rebuilds.made_unfinished(record):
+            return Result(Outcome.IN_PROGRESS, key=item.key, event_type=item.event_type,
+                          error="a rebuild's claim holds its record (until its lease lapses)")
         if item.key in self._asked_new:
             why = "its claim was taken meanwhile" if record is None else \
                 f"a record was stored meanwhile ({record.get('event_status')})"

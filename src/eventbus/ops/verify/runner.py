@@ -9,8 +9,9 @@ an archive's):
    (``eventbus.workers.rebuild.build``: stored body, attributes, ordering
    key) and must land on the record's own key with the current router; it
    then runs through a real ``Processor`` on the ``SandboxStore``, on a clock
-   set to when the record was last written (a handler that reads
-   ``context.now`` sees the time it first saw);
+   set to when its handler ran (``_written_at``: the claim time of its last
+   attempt, which a rebuild never moves), so a handler that reads
+   ``context.now`` sees the time it first saw;
 3. the children and forwards the sandbox stored are compared with the
    record's outbox (``compare``): equal is **same**, else **different**;
 4. whatever keeps the comparison from meaning anything is **unverifiable**,
@@ -214,7 +215,22 @@ def _nothing_recorded(record: Mapping[str, Any]) -> str:
 
 
 def _written_at(record: Mapping[str, Any]) -> dt.datetime:
-    """When the record was last written (its SUCCESS), else the sandbox's fixed start."""
+    """When the handler ran: the time of its last attempt (the one that succeeded).
+
+    Seed 002's attempt map (``entity_metadata.resilienceAttemptCount``: attempt
+    number to its claim's time) is written only by a claim; a rebuild, a
+    replay's audit entry or an outbox sweep move ``lastUpdatedTime`` but never
+    the map, so a rebuilt event verifies with the time its handler first saw.
+    A record without the map (a sample, an archive's stand-in): its
+    ``lastUpdatedTime``, else its ``created``, else the sandbox's fixed start.
+    """
+    meta = record.get("entity_metadata")
+    history = meta.get("resilienceAttemptCount") if isinstance(meta, Mapping) else None
+    attempts = record.get("attempts")
+    if isinstance(history, Mapping) and isinstance(attempts, int):
+        ran = from_epoch_ms(history.get(str(attempts)))
+        if ran is not None:
+            return ran
     return from_epoch_ms(record.get("lastUpdatedTime")) or \
         from_epoch_ms(record.get("created")) or _START
 

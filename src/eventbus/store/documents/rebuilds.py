@@ -18,11 +18,33 @@ from typing import Any
 
 from eventbus.clock import Shift, lease_end, store_now
 from eventbus.store.documents.entities import is_entity
-from eventbus.store.documents.records import SUCCESS, epoch_ms
+from eventbus.store.documents.records import (
+    PENDING,
+    PROCESSING,
+    REBUILD_MADE,
+    SUCCESS,
+    epoch_ms,
+)
 from eventbus.store.documents.updates import guarded, lease_live, live
 
 LEASE = "rebuild_lease"
 """The field of a rebuild's lease on a record: ``{owner, until}``."""
+
+
+MADE = REBUILD_MADE
+"""The field naming the rebuild that made a record (``records.REBUILD_MADE``)."""
+
+
+def made_unfinished(record: Mapping[str, Any] | None) -> bool:
+    """True for a record a rebuild made that no rebuild finished yet (PENDING or PROCESSING).
+
+    Nothing but a rebuild runs it (the redrive leaves it out); a rebuild that
+    meets it (``--resume``, or ``--keys`` naming it) claims it again as a new
+    record through the live claim, which takes it once its lease lapsed on the
+    store's clock.
+    """
+    return record is not None and record.get(MADE) is not None and \
+        record.get("event_status") in (PENDING, PROCESSING)
 
 
 def rebuilt_by(record: Mapping[str, Any], rebuild_id: str) -> bool:

@@ -36,6 +36,11 @@ MAX_ERROR_TYPE = 200
 _SALVAGE_MAX = 256
 _MILLISECOND = timedelta(milliseconds=1)
 REJECTED = "rejected"
+REBUILD_MADE = "rebuild_made"
+"""The id of the rebuild that made a record (an archived event with no record here, run by
+``eventbus rebuild --from-archive``). While such a record is unfinished (PENDING or
+PROCESSING) only a rebuild runs it: the redrive leaves it out (``redrive_filter``) and
+``--resume`` (or a rebuild given its key) claims it again once its lease lapsed."""
 """Set on a record stored by rejection (``reject_update``): FAILED for good, never claimed."""
 
 REJECTION_FIELDS = ("error", "event_type", "event_version", "entity_data", "payload_fingerprint",

@@ -8,7 +8,7 @@ from typing import Any
 from eventbus.model.forward import is_forward
 
 SUMMARY_FIELDS = ("idempotency_key", "event_type", "event_status", "retryable", "error",
-                  "outbox", "root_key", "stale")
+                  "outbox", "root_key", "stale", "rebuild_made")
 """What ``summaries`` returns of each event (of ``outbox``, only the child keys)."""
 
 SUMMARY_OUTBOX_FIELDS = ("idempotency_key", "kind")

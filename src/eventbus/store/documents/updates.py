@@ -20,6 +20,7 @@ from eventbus.store.documents.records import (
     FAILED,
     PENDING,
     PROCESSING,
+    REBUILD_MADE,
     REJECTED,
     SUCCESS,
     bson_time,
@@ -190,15 +191,21 @@ def redrive_filter(now: datetime, lease: timedelta,
     without it at once), and PROCESSING records whose lease ran out a lease
     ago or more (their worker died) unless a redrive is scheduled later. Keys
     in ``exclude`` (already seen by this pass) are left out. Mirrors ``redrivable``.
+
+    A PENDING or PROCESSING record a rebuild made (``REBUILD_MADE``) is never
+    redriven: the live pipeline would run it with the live guard, and its
+    partner calls were made in production already; the rebuild runs it (its
+    ``--resume``). A plain equality on the field (null matches a missing one)
+    leaves the index the query uses as it was.
     """
     moment = bson_time(now)
     unscheduled = {"$or": [{"redrive_at": {"$exists": False}}, {"redrive_at": None},
                            {"redrive_at": {"$lte": moment}}]}
     found: dict[str, Any] = {"$or": [
         {"event_status": FAILED, "retryable": True, "redrive_at": {"$lte": moment}},
-        {"event_status": PENDING, **unscheduled},
-        {"event_status": PROCESSING, "lease_until": {"$lt": bson_time(moment - lease)},
-         **unscheduled},
+        {"event_status": PENDING, REBUILD_MADE: None, **unscheduled},
+        {"event_status": PROCESSING, REBUILD_MADE: None,
+         "lease_until": {"$lt": bson_time(moment - lease)}, **unscheduled},
     ]}
     if exclude:
         found["idempotency_key"] = {"$nin": sorted(exclude)}
@@ -223,6 +230,8 @@ def redrivable(record: Mapping[str, Any], now: datetime, lease: timedelta) -> bo
     status = record.get("event_status")
     if status == FAILED:
         return record.get("retryable") is True and isinstance(due, datetime) and come
+    if record.get(REBUILD_MADE) is not None:  # only its rebuild runs it
+        return False
     if status == PENDING:
         return come
     return status == PROCESSING and stale(record, now, lease) and come
