@@ -48,16 +48,18 @@ class Threads:
             return found
 
         def called(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((name, threading.get_ident()))
+            # Names, not idents: an ident is reused once its thread ends, and every loop
+            # thread here is named by tests.aio while the store calls' threads are asyncio's.
+            self.calls.append((name, threading.current_thread().name))
             return found(*args, **kwargs)
         return called
 
 
-def on_loop(coroutine: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+def on_loop(coroutine: Callable[[], Awaitable[T]]) -> tuple[T, str]:
     """Run ``coroutine()`` on a fresh loop in a thread of its own (``tests.aio``); its result
-    and the loop thread's id."""
-    async def main() -> tuple[T, int]:
-        return await coroutine(), threading.get_ident()
+    and the loop thread's name."""
+    async def main() -> tuple[T, str]:
+        return await coroutine(), threading.current_thread().name
     return aio.run(main())
 
 

@@ -212,11 +212,16 @@ def test_a_handler_that_blocks_the_loop_is_named_and_still_correct(
 
     w = worker(blocks, settings=Settings(max_attempts=5, async_block_warning_seconds=0.2))
     batch = [message(1), message(2)]
+    # On the logger itself: a service test earlier in this process may have configured the
+    # library's logging (logs.configure), which stops "eventbus" records reaching the root.
+    watched = logging.getLogger("eventbus.async")
+    watched.addHandler(caplog.handler)
     with caplog.at_level(logging.WARNING, logger="eventbus.async"):
         try:
             results = w.worker.run_batch(batch)
         finally:
             w.processor.close()
+            watched.removeHandler(caplog.handler)
     assert [m.answer for m in batch] == ["ack", "ack"]
     assert all(status(w.store, r.key) == "SUCCESS" for r in results)
     warned = [r.getMessage() for r in caplog.records if r.name == "eventbus.async"]

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from eventbus.bulkhead import Bulkhead, Full
+from tests import aio
 
 
 def test_a_full_bulkhead_refuses_after_its_wait_and_counts_the_refusal() -> None:
@@ -81,7 +82,7 @@ def test_coroutines_and_threads_share_one_cap_and_a_waiting_coroutine_never_bloc
         beat.cancel()
         return ticks
 
-    ticks = asyncio.run(main())
+    ticks = aio.run(main())
     assert most == 2 and bulkhead.in_flight == 0 and bulkhead.peak == 2
     assert ticks > 10
 
@@ -95,7 +96,7 @@ def test_a_coroutine_over_the_cap_gives_up_after_its_wait() -> None:
             pytest.fail("took a slot over the cap")
 
     with pytest.raises(Full):
-        asyncio.run(main())
+        aio.run(main())
     assert (bulkhead.refused, bulkhead.in_flight) == (1, 1)
 
 
@@ -117,5 +118,5 @@ def test_a_cancelled_waiter_hands_its_wake_up_on() -> None:
             bulkhead.leave()
             await asyncio.wait_for(second, 2)
 
-    asyncio.run(main())
+    aio.run(main())
     assert bulkhead.in_flight == 1  # the second waiter holds it; no slot leaked or lost
