@@ -156,24 +156,30 @@ def worker_in_process(uri: str, db: str, size: int, events: int, ordered: bool =
     event of its own entity (events spread over many entities).
     """
     event_type = "BENCH_ORDERED" if ordered else "BENCH_NOOP"
-    with fresh_store(uri, db) as store:
-        processor = Processor(store, noop_router(), Settings(relay_inline=False),
-                              FakeClock(datetime.now(UTC)))
-        worker = PullWorker(processor, Inbox(), subscription="bench",
-                            batch_size=size)
-        tag = uuid.uuid4().hex[:6]
-        batches = [[Message(n, tag, event_type) for n in range(i, min(i + size, events))]
-                   for i in range(0, events, size)]
-        worker.run_batch(batches[0])  # warm-up: imports, connections
-        before, cpu, wall = COMMANDS.count, time.process_time(), time.perf_counter()
-        for batch in batches[1:]:
-            worker.run_batch(batch)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        done = events - len(batches[0])
-        trips = (COMMANDS.count - before) / done
-        assert worker.counters.acked == events, worker.counters
     name = "worker ordered" if ordered else "worker"
-    return Row(f"{name}, in-process, batch {size}", done / wall, cpu / done * 1e6, trips)
+    with fresh_store(uri, db) as store:
+        return run_worker(store, size, events, event_type,
+                          f"{name}, in-process, batch {size}")
+
+
+def run_worker(store: MongoEventStore, size: int, events: int, event_type: str,
+               name: str) -> Row:
+    """``events`` in-process messages through the real ``PullWorker`` over ``store`` (stored
+    SUCCESS), in batches of ``size``; the first batch warms up and is not timed."""
+    processor = Processor(store, noop_router(), Settings(relay_inline=False),
+                          FakeClock(datetime.now(UTC)))
+    worker = PullWorker(processor, Inbox(), subscription="bench", batch_size=size)
+    tag = uuid.uuid4().hex[:6]
+    batches = [[Message(n, tag, event_type) for n in range(i, min(i + size, events))]
+               for i in range(0, events, size)]
+    worker.run_batch(batches[0])  # warm-up: imports, connections
+    before, cpu, wall = COMMANDS.count, time.process_time(), time.perf_counter()
+    for batch in batches[1:]:
+        worker.run_batch(batch)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    done = events - len(batches[0])
+    assert worker.counters.acked == events, worker.counters
+    return Row(name, done / wall, cpu / done * 1e6, (COMMANDS.count - before) / done)
 
 
 def raw_ceiling(uri: str, db: str, size: int, events: int) -> Row:

@@ -29,7 +29,6 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,35 +36,25 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from pymongo import MongoClient  # noqa: E402
 
-from bench.pull import COMMANDS, Message, Row, database_uri, fresh_store, noop_router  # noqa: E402
+from bench.pull import (  # noqa: E402
+    COMMANDS,
+    Row,
+    database_uri,
+    fresh_store,
+    noop_router,
+    run_worker,
+)
 from eventbus.model.replaying import Replay  # noqa: E402
 from eventbus.ops.rebuilder import Rebuild, Selection, StoredSource, new_run  # noqa: E402
-from eventbus.processor import Processor  # noqa: E402
 from eventbus.processor.replay_mode import ReplayProcessor  # noqa: E402
 from eventbus.settings import Settings  # noqa: E402
 from eventbus.store.mongo import MongoEventStore  # noqa: E402
 from eventbus.store.operator_queries import EventQuery  # noqa: E402
-from eventbus.testing import FakeClock  # noqa: E402
-from eventbus.workers.pull import Inbox, PullWorker  # noqa: E402
 
 
 def pull_row(store: MongoEventStore, events: int, size: int) -> Row:
     """``events`` messages through the pull worker (stored SUCCESS); its first batch warms up."""
-    processor = Processor(store, noop_router(), Settings(relay_inline=False),
-                          FakeClock(datetime.now(UTC)))
-    worker = PullWorker(processor, Inbox(), subscription="bench", batch_size=size)
-    tag = uuid.uuid4().hex[:6]
-    batches = [[Message(n, tag) for n in range(i, min(i + size, events))]
-               for i in range(0, events, size)]
-    worker.run_batch(batches[0])  # warm-up: imports, connections
-    before, cpu, wall = COMMANDS.count, time.process_time(), time.perf_counter()
-    for batch in batches[1:]:
-        worker.run_batch(batch)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    done = events - len(batches[0])
-    assert worker.counters.acked == events, worker.counters
-    return Row(f"pull worker, batch {size}", done / wall, cpu / done * 1e6,
-               (COMMANDS.count - before) / done)
+    return run_worker(store, size, events, "BENCH_NOOP", f"pull worker, batch {size}")
 
 
 def rebuild_row(store: MongoEventStore, events: int, size: int) -> Row:
