@@ -9,27 +9,15 @@ and every collection is the same BSON afterwards (``snapshot``).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from pymongo.database import Database
 
-from eventbus.settings import Settings
 from eventbus.store.mongo import MongoEventStore
 from eventbus.testing import FakeClock, LocalBus
 from tests.verify.recording import cli_run
 from tests.verify.test_from_archive import APP, BASE, ENTITY, archive, run
 from tests.verify.test_sandbox_mongo import snapshot
-
-
-@pytest.fixture()
-def store(mongo_uri: str, mongo_db: Database) -> Iterator[MongoEventStore]:
-    settings = Settings(mongodb_uri=mongo_uri, mongodb_db=mongo_db.name)
-    found = MongoEventStore.from_settings(settings)
-    found.ensure_indexes()
-    yield found
-    found.close()
 
 
 def test_archived_events_verify_on_their_mongo_records_and_change_nothing(

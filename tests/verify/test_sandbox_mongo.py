@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import bson
 import mongomock
-import pytest
 from pymongo.database import Database
 
 from eventbus.model.router import Router
 from eventbus.ops.verify import StoreLookups, Verifier, parse_sample
-from eventbus.settings import Settings
 from eventbus.store.mongo import MongoEventStore
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import FakeClock, LocalBus
@@ -30,15 +27,6 @@ from handlers import create_router
 from handlers.settings import AppSettings, PartnerSettings
 from tests.partner_server import PartnerServer
 from tests.verify.recording import DEMO, cli_run
-
-
-@pytest.fixture()
-def store(mongo_uri: str, mongo_db: Database) -> Iterator[MongoEventStore]:
-    settings = Settings(mongodb_uri=mongo_uri, mongodb_db=mongo_db.name)
-    found = MongoEventStore.from_settings(settings)
-    found.ensure_indexes()
-    yield found
-    found.close()
 
 
 def snapshot(database: Database) -> dict[str, list[bytes]]:

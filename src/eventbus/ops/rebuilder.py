@@ -210,15 +210,10 @@ class ArchiveSource:
             return True
         if selection.keys and located.key not in selection.keys:
             return False
-        query, event = selection.query, located.event
-        assert event is not None
-        entity = event.entity_metadata
-        wanted = ((query.event_type, event.event_type), (query.partner_id, entity.partner_id),
-                  (query.entity_type, entity.entity_type), (query.entity_id, entity.entity_id))
-        if any(asked is not None and asked != value for asked, value in wanted):
-            return False
-        return (query.since is None or published >= query.since) and \
-            (query.until is None or published < query.until)
+        from eventbus.ops.archive import selected  # as in plan(): the archive's part only
+
+        assert located.event is not None
+        return selected(selection.query, located.event, published)
 
     def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record | None]]:
         """Each key's archived delivery and its stored record (None: none), one read."""

@@ -24,6 +24,7 @@ from eventbus.ops.archive.archived import (
     ArchiveError,
     ArchiveProblem,
     archived_event,
+    selected,
     to_delivery,
 )
 from eventbus.ops.archive.layout import SUBSCRIPTION_SCHEMA, read_file
@@ -40,5 +41,6 @@ __all__ = [
     "archived_event",
     "read_archive",
     "read_file",
+    "selected",
     "to_delivery",
 ]

@@ -17,6 +17,7 @@ from eventbus.model.content import bounded_text
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import EventBusError, InvalidEvent
 from eventbus.model.event import Event, parse_event
+from eventbus.store.operator_queries import EventQuery
 
 FORM = "archive"
 """``Delivery.form`` (stored as ``pubsub.form``) of a message read back from an archive."""
@@ -125,3 +126,16 @@ def to_delivery(message: ArchivedMessage) -> Delivery | ArchiveProblem:
                     publish_time=message.publish_time.isoformat(),
                     subscription=message.subscription, delivery_attempt=None,
                     ordering_key=message.ordering_key, form=FORM)
+
+
+def selected(query: EventQuery, event: Event, published: dt.datetime) -> bool:
+    """Whether an archived ``event`` falls in an operator's selection: its type, partner and
+    entity as asked, and ``since``/``until`` bounding its publish time (an archive has no
+    ``created``). The statuses and attempt terms are about stored records and do not apply."""
+    entity = event.entity_metadata
+    asked = ((query.event_type, event.event_type), (query.partner_id, entity.partner_id),
+             (query.entity_type, entity.entity_type), (query.entity_id, entity.entity_id))
+    if any(given is not None and given != value for given, value in asked):
+        return False
+    return (query.since is None or published >= query.since) and \
+        (query.until is None or published < query.until)

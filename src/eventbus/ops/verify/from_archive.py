@@ -55,6 +55,7 @@ from eventbus.ops.archive import (
     ArchivedMessage,
     ArchiveProblem,
     archived_event,
+    selected,
     to_delivery,
 )
 from eventbus.ops.archive.archived import problem
@@ -141,22 +142,12 @@ def select_archived(index: ArchiveIndex, query: EventQuery, *, keys: Sequence[st
     """
     wanted = set(keys)
     chosen = [event for event in index.events.values()
-              if (not wanted or event.key in wanted) and _matches(event, query)]
+              if (not wanted or event.key in wanted)
+              and selected(query, event.event, event.published)]
     chosen.sort(key=lambda event: (event.published, event.key))
     if limit is not None:
         chosen = chosen[-limit:] if limit > 0 else []
     return chosen, [key for key in dict.fromkeys(keys) if key not in index.events]
-
-
-def _matches(archived: ArchivedEvent, query: EventQuery) -> bool:
-    event, published = archived.event, archived.published
-    entity = event.entity_metadata
-    asked = ((query.event_type, event.event_type), (query.partner_id, entity.partner_id),
-             (query.entity_type, entity.entity_type), (query.entity_id, entity.entity_id))
-    if any(given is not None and given != value for given, value in asked):
-        return False
-    return (query.since is None or published >= query.since) and \
-        (query.until is None or published < query.until)
 
 
 def _archived(message: ArchivedMessage) -> ArchivedEvent | ArchiveProblem:
