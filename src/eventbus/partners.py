@@ -34,7 +34,10 @@ so it ends within its deadline however the app wired its session).
   process's latest ``breaker_slow_window`` calls (at least
   ``breaker_slow_min_calls`` of them) the breaker opens as for failures; a
   slow probe reopens it. The call itself succeeded: its event is SUCCESS; the
-  next ones are parked. Where the window lives, and why: ``eventbus.slow_calls``.
+  next ones are parked. A call still running after ``breaker_slow_seconds``
+  counts as slow already: before each call the window is asked with them in it,
+  so the breaker opens without waiting for the slow answers (``reason`` says
+  how many were still running). Where the window lives, and why: ``eventbus.slow_calls``.
   The breaker keeps why it last opened (``reason``: failures, slow calls,
   a failed or slow probe, with the numbers).
 * **Bulkhead.** At most ``partner_concurrency`` (or the partner's own,
@@ -345,6 +348,9 @@ class Started:
     seen: BreakerState
     at: float
     """This process's monotonic time when the effect started."""
+    token: int | None = None
+    """Its entry among this process's running calls (``CallWindow.started``; None: slow
+    calls are not counted)."""
 
 
 class Partner:
@@ -366,12 +372,18 @@ class Partner:
         a slow one counts toward opening it (``eventbus.slow_calls``).
         """
         self.refuse_in_replay()
+        running = self._slow_running()
+        if running is not None:
+            self._open_for_running(*running)
         with self.slot():
             started = self.begin()
             try:
                 result = effect()
             except Exception as exc:
                 self.finish(started, exc)
+                raise
+            except BaseException:
+                self.abandon(started)
                 raise
             self.finish(started, None)
             return result
@@ -396,7 +408,48 @@ class Partner:
         self.refuse_in_replay()
         seen = self._admit()
         self.partners.pace(self.name)
-        return Started(seen, self.partners.monotonic())
+        return self._started(seen)
+
+    def _started(self, seen: BreakerState) -> Started:
+        at = self.partners.monotonic()
+        token = self.partners.window(self.name).started(at) \
+            if self.partners.policy.slow.enabled else None
+        return Started(seen, at, token)
+
+    def _slow_running(self) -> tuple[Tally, int] | None:
+        """This process's window with its calls already running too long counted as slow
+        (``eventbus.slow_calls``), when that opens the breaker; else None. No store call."""
+        slow = self.partners.policy.slow
+        if not slow.enabled:
+            return None
+        tally, running = self.partners.window(self.name).tally_now(self.partners.monotonic(),
+                                                                   slow.seconds)
+        return (tally, running) if running and slow.opens(tally) else None
+
+    def _open_for_running(self, tally: Tally, running: int) -> None:
+        """Open a closed breaker because calls still running are slow; raise ``BreakerOpen``.
+
+        A breaker already open, half-open or held by hand is left as it is: the
+        admission that follows decides (a slow probe reopens it when it ends).
+        """
+        store, policy = self.partners.store, self.partners.policy
+        now = store.now()
+        reason = {**policy.slow.reason(tally), "running": running}
+        after = swap(store, self.name, lambda state: _opened(state, now, policy.open_seconds,
+                                                             reason)
+                     if state.state == CLOSED and state.manual is None else None)
+        if after is None:
+            return
+        self.partners.window(self.name).observe(after.opened_at)
+        logger.warning("breaker %s open until %s: %s", self.name, after.open_until,
+                       describe_reason(after.reason))
+        assert after.open_until is not None
+        raise BreakerOpen(self.name, after.open_until, "opened: calls running are slow")
+
+    def abandon(self, started: Started) -> None:
+        """Forget a call that neither answered nor failed (interrupted): it runs no more."""
+        if started.token is not None:
+            self.partners.window(self.name).dropped(started.token)
 
     def finish(self, started: Started, exc: Exception | None) -> None:
         """Store how the call went; raise ``BreakerOpen`` from ``exc`` when this failure
@@ -414,14 +467,20 @@ class Partner:
         for the rate is ``asyncio.sleep``, so nothing here blocks the event loop.
         """
         self.refuse_in_replay()
+        running = self._slow_running()
+        if running is not None:
+            await asyncio.to_thread(self._open_for_running, *running)
         async with self.slot_async():
             seen = await asyncio.to_thread(self._admit)
             await self.partners.pace_async(self.name)
-            started = Started(seen, self.partners.monotonic())
+            started = self._started(seen)
             try:
                 result = await effect()
             except Exception as exc:
                 await asyncio.to_thread(self.finish, started, exc)
+                raise
+            except BaseException:  # cancelled (a shutdown): nothing to count, nothing runs
+                self.abandon(started)
                 raise
             await asyncio.to_thread(self.finish, started, None)
             return result
@@ -450,7 +509,9 @@ class Partner:
         seconds = max(0.0, self.partners.monotonic() - started.at)
         slow_policy = self.partners.policy.slow
         slow = slow_policy.is_slow(seconds)
-        tally = self.partners.window(self.name).record(slow) if slow_policy.enabled else None
+        window = self.partners.window(self.name)
+        tally = None if not slow_policy.enabled else window.record(slow) \
+            if started.token is None else window.ended(started.token, slow)
         answered = exc is None or self.partners.classifier.classify(exc) \
             is Classification.PERMANENT
         return CallOutcome(None if answered else f"{type(exc).__name__}: {exc}", seconds,
@@ -491,8 +552,11 @@ def describe_reason(reason: Mapping[str, Any] | None) -> str:
     if cause == "slow calls":
         share = float(reason.get("share") or 0) * 100
         threshold = float(reason.get("threshold") or 0) * 100
+        running = f", {reason['running']} of them still running" if reason.get("running") \
+            else ""
         return (f"slow calls: {reason.get('slow')} of the last {reason.get('calls')} took "
-                f">= {reason.get('slow_seconds')} s ({share:.0f}%, threshold {threshold:.0f}%)")
+                f">= {reason.get('slow_seconds')} s{running} ({share:.0f}%, "
+                f"threshold {threshold:.0f}%)")
     if cause == "slow probe":
         return f"slow probe: {reason.get('seconds')} s (>= {reason.get('slow_seconds')} s)"
     if cause == "failed probe":

@@ -18,12 +18,21 @@ each process needs ``min_calls`` of its own before its share counts. A
 process forgets its window whenever the breaker opens (it sees a new
 ``opened_at`` on its next call), so the old slow calls of a partner that
 recovered do not reopen it.
+
+**A call already slow counts before it answers.** A slow partner's calls are
+seen as slow only when they end, so with answers of ``T`` seconds and ``c``
+calls allowed at once, ``min_calls`` of them take ``min_calls / c * T`` to end,
+while they hold threads. A call still running after ``seconds`` will be slow
+whatever it answers, so ``CallWindow.tally_now`` counts it as a slow call
+already: the breaker opens a round of answers sooner (``eventbus.partners``
+asks before every call).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import threading
 from collections.abc import Hashable
 from typing import Any
@@ -74,10 +83,14 @@ class SlowPolicy:
 
 
 class CallWindow:
-    """This process's latest calls of one partner (slow or not), at most ``size``; thread-safe."""
+    """This process's latest calls of one partner (slow or not), at most ``size``, and its calls
+    still running; thread-safe."""
 
     def __init__(self, size: int) -> None:
-        self._calls: collections.deque[bool] = collections.deque(maxlen=max(1, size))
+        self._size = max(1, size)
+        self._calls: collections.deque[bool] = collections.deque(maxlen=self._size)
+        self._running: dict[int, float] = {}
+        self._tokens = itertools.count()
         self._lock = threading.Lock()
         self._epoch: Hashable = None
 
@@ -88,16 +101,45 @@ class CallWindow:
                 self._epoch = epoch
                 self._calls.clear()
 
+    def started(self, at: float) -> int:
+        """Note a call that started at ``at`` (monotonic seconds); the token ``ended`` takes."""
+        with self._lock:
+            token = next(self._tokens)
+            self._running[token] = at
+            return token
+
+    def ended(self, token: int, slow: bool) -> Tally:
+        """Count the call of ``token`` (from ``started``), slow or not; the tally with it."""
+        with self._lock:
+            self._running.pop(token, None)
+            self._calls.append(slow)
+            return self._tally()
+
+    def dropped(self, token: int) -> None:
+        """Forget the call of ``token`` without counting it (it was interrupted)."""
+        with self._lock:
+            self._running.pop(token, None)
+
     def record(self, slow: bool) -> Tally:
-        """Count one call; return the window's tally with it."""
+        """Count one call that was never ``started``; return the window's tally with it."""
         with self._lock:
             self._calls.append(slow)
             return self._tally()
 
     def tally(self) -> Tally:
-        """The window's tally now."""
+        """The window's tally now (ended calls only)."""
         with self._lock:
             return self._tally()
+
+    def tally_now(self, now: float, seconds: float) -> tuple[Tally, int]:
+        """The window with each call running for ``seconds`` or more at ``now`` counted as a
+        slow call, the newest ones; and how many of those there are."""
+        with self._lock:
+            running = sum(1 for at in self._running.values() if now - at >= seconds)
+            running = min(running, self._size)
+            kept = list(self._calls)[len(self._calls) - (self._size - running):] \
+                if running < self._size else []
+            return Tally(len(kept) + running, sum(kept) + running), running
 
     def _tally(self) -> Tally:
         return Tally(len(self._calls), sum(self._calls))

@@ -201,3 +201,43 @@ def test_call_async_takes_the_shared_rate_and_parks_past_it(store: EventStore,
     with pytest.raises(RateLimited) as limited:  # the next token is a second away: parked
         on_loop(lambda: group.get(name).call_async(effect_ok))
     assert limited.value.until > store.now() + timedelta(milliseconds=400)
+
+
+def test_call_async_opens_on_slow_running_calls_off_the_loop_and_forgets_cancelled_ones(
+        store: EventStore) -> None:
+    ticks = [1000.0]
+    recorder = Threads(store)
+    slow = Settings(breaker_failures=3, breaker_open_seconds=30, breaker_slow_seconds=2.0,
+                    breaker_slow_share=0.5, breaker_slow_min_calls=4, breaker_slow_window=4)
+    group = Partners(recorder, slow, monotonic=lambda: ticks[0], sleep=lambda _: None)
+    name = f"slowco-{new_key()}"
+    window = group.window(name)
+
+    async def scenario() -> list[Any]:
+        release = asyncio.Event()
+
+        async def waits() -> dict[str, Any]:
+            await release.wait()
+            return {"status_code": 200}
+
+        tasks = [asyncio.ensure_future(group.get(name).call_async(waits)) for _ in range(4)]
+        while window.tally_now(float("inf"), 0.0)[1] < 4:
+            await asyncio.sleep(0.001)
+        ticks[0] += 3.0  # all four running for 3 s: slow before any answered
+        recorder.calls.clear()
+        with pytest.raises(BreakerOpen):
+            await group.get(name).call_async(effect_ok)
+        tasks[0].cancel()
+        tasks[1].cancel()
+        release.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    (results, loop_thread) = on_loop(scenario)
+    assert recorder.calls and all(thread != loop_thread for _, thread in recorder.calls)
+    assert [type(result).__name__ for result in results] == \
+        ["CancelledError", "CancelledError", "dict", "dict"]
+    stored = store.breaker_get(name) or {}
+    assert stored["state"] == OPEN and stored["reason"]["running"] == 4
+    # The cancelled calls run no more; the two that answered counted as slow.
+    assert window.tally_now(float("inf"), 0.0)[1] == 0
+    assert stored["slow_calls"] == 2

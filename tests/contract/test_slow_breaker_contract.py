@@ -10,6 +10,8 @@ are shared through the stored breaker, so a second instance sees them.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -173,3 +175,89 @@ def test_a_probe_taken_stays_half_open_while_it_is_slow_elsewhere(
     assert seen == [HALF_OPEN] and breaker(store)["state"] == CLOSED
     assert breaker(store)["open_until"] is None
     assert timedelta(0) <= store.now() - breaker(store)["opened_at"] < timedelta(seconds=60)
+
+
+def running_calls(partners: Partners, count: int) -> tuple[list[threading.Thread], threading.Event,
+                                                          list[str]]:
+    """``count`` calls of acme that run until the returned event is set; their answers."""
+    release, answers = threading.Event(), []
+
+    def effect() -> str:
+        release.wait(10)
+        return "answered"
+
+    threads = [threading.Thread(target=lambda: answers.append(partners.get("acme").call(effect)))
+               for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, release, answers
+
+
+def wait_running(partners: Partners, count: int) -> None:
+    window = partners.window("acme")
+    deadline = time.monotonic() + 10
+    while window.tally_now(float("inf"), 0.0)[1] < count:
+        assert time.monotonic() < deadline, "the calls never started"
+        time.sleep(0.005)
+
+
+def test_calls_still_running_past_the_slow_time_open_it_before_they_answer(
+        store: EventStore) -> None:
+    partners, ticker = group(store)
+    acme = partners.get("acme")
+    acme.call(taking(ticker, 0.1))
+    acme.call(taking(ticker, 0.1))
+    threads, release, answers = running_calls(partners, 2)
+    try:
+        wait_running(partners, 2)
+        ticker.seconds += 1.0  # running for 1 s: not slow yet, the next call goes
+        assert acme.call(taking(ticker, 0.0)) == "answered"
+        ticker.seconds += 1.5  # 2.5 s: both slow though neither answered; with the 2 fast
+        # calls before them, 2 of the latest 4 (the minimum) are slow: the share.
+        with pytest.raises(BreakerOpen) as refused:
+            acme.call(lambda: pytest.fail("called while the running calls are slow"))
+        assert refused.value.why == "opened: calls running are slow"
+        stored = breaker(store)
+        assert stored["state"] == OPEN and stored["slow_calls"] == 0  # none has ended
+        assert stored["reason"] == {"cause": "slow calls", "slow": 2, "calls": 4, "share": 0.5,
+                                    "threshold": 0.5, "slow_seconds": 2.0, "running": 2}
+        # Another instance (a window of its own) sees it open at once.
+        other, _ = group(store)
+        with pytest.raises(BreakerOpen):
+            other.get("acme").call(lambda: pytest.fail("called while open"))
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(10)
+    # They answered: their events succeed, and each counts as a slow call of the open breaker.
+    assert answers == ["answered", "answered"]
+    stored = breaker(store)
+    assert (stored["state"], stored["slow_calls"]) == (OPEN, 2)
+
+
+def test_running_calls_under_the_share_or_the_minimum_open_nothing(store: EventStore) -> None:
+    partners, ticker = group(store)
+    acme = partners.get("acme")
+    for _ in range(3):
+        acme.call(taking(ticker, 0.1))
+    threads, release, _ = running_calls(partners, 1)
+    try:
+        wait_running(partners, 1)
+        ticker.seconds += 30  # one slow running call among 3 fast ones: 1 of 4, under 50%
+        assert acme.call(taking(ticker, 0.1)) == "answered"
+        assert store.breaker_get("acme") is None
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(10)
+    fresh, ticker = group(store)  # a new process: 2 running calls, under the minimum of 4
+    threads, release, _ = running_calls(fresh, 2)
+    try:
+        wait_running(fresh, 2)
+        ticker.seconds += 30
+        assert fresh.get("acme").call(taking(ticker, 0.1)) == "answered"
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(10)
+    assert breaker(store)["state"] == CLOSED
