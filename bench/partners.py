@@ -20,6 +20,11 @@ Pub/Sub would push or hand it out). Scenarios:
 
 * ``push``: ``gunicorn main:app`` (2 workers x 4 threads), ``--concurrency``
   client threads posting push bodies;
+* ``push uvicorn async`` (``--down slow`` only, with slow calls and the bulkhead):
+  ``main:asgi_app`` under gunicorn's uvicorn worker (2 workers) and the ``async def``
+  handler: a push runs on a thread of the ASGI entry's pool
+  (``EVENTBUS_ASYNC_CONCURRENCY``), its partner call awaited on the processor's loop, so a
+  slow call holds none of gunicorn's 4 threads;
 * ``worker``: the real ``PullWorker`` over the real ``Processor``, batches of
   ``--batch`` (half each partner) from an in-process source, handlers in 8
   threads;
@@ -160,9 +165,11 @@ class Partners:
         self.server.server_close()
 
 
-def event(partner: str, n: int, tag: str) -> tuple[bytes, dict[str, str]]:
-    """One bench event for ``partner``: its body and attributes."""
-    body = {"event_type": "BENCH_PARTNER", "event_version": "v1",
+def event(partner: str, n: int, tag: str,
+          event_type: str = "BENCH_PARTNER") -> tuple[bytes, dict[str, str]]:
+    """One bench event for ``partner``: its body and attributes (``BENCH_PARTNER_ASYNC``: the
+    same call from the ``async def`` handler)."""
+    body = {"event_type": event_type, "event_version": "v1",
             "entity_metadata": {"partnerId": partner, "entity_id": f"e-{n}",
                                 "entity_type": "Bench"}, "entity_data": {"n": n}}
     return json.dumps(body).encode(), {"idempotency_key": f"{tag}-{n}"}
@@ -373,12 +380,36 @@ def _drop(uri: str, name: str) -> None:
 
 def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
     """gunicorn main:app, ``knobs.concurrency`` clients posting push bodies."""
+    return _push_through(uri, knobs, breaker, Entry("push", "main:app", (), "BENCH_PARTNER"))
+
+
+def asgi_push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
+    """``main:asgi_app`` under gunicorn's uvicorn worker with the ``async def`` handler: each
+    push on a thread of the ASGI entry's pool, the partner call awaited on the loop."""
+    return _push_through(uri, knobs, breaker, Entry(
+        "push uvicorn async", "main:asgi_app", ("-k", "uvicorn_worker.UvicornWorker"),
+        "BENCH_PARTNER_ASYNC"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How the service is run: the row's name, the app, gunicorn's extra arguments, the
+    event type (its handler sync or async)."""
+
+    name: str
+    app: str
+    args: tuple[str, ...]
+    event_type: str
+
+
+def _push_through(uri: str, knobs: Knobs, breaker: bool, entry: Entry) -> Figures:
     from tests.e2e.harness import ServiceProcess
 
     partners, line, stop = Partners(knobs.down), Timeline(), threading.Event()
     with fresh(uri, breaker, knobs.down) as (config, store):
         service = ServiceProcess(Path(tempfile.gettempdir()) / "bench-partners.log",
-                                 env=environment(config, partners))
+                                 app=entry.app, env=environment(config, partners),
+                                 extra_args=entry.args)
         url = service.start()
         # Pub/Sub pushes redriven messages with its own concurrency: a pool of 8 here.
         pushers = concurrent.futures.ThreadPoolExecutor(8)
@@ -389,9 +420,9 @@ def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
         # so a slow answer must not hold back the next healthy push (closed-loop clients
         # taking turns would measure the load generator, not the service).
         own = knobs.down == "slow"
-        clients = [threading.Thread(target=_client, args=(url, tag, counter, line, stop,
-                                                          (HEALTHY, FLAKY)[i % 2] if own else ""),
-                                    daemon=True) for i in range(knobs.concurrency)]
+        clients = [threading.Thread(target=_client, args=(
+            url, tag, counter, line, stop, (HEALTHY, FLAKY)[i % 2] if own else "",
+            entry.event_type), daemon=True) for i in range(knobs.concurrency)]
         try:
             for client in clients:
                 client.start()
@@ -404,7 +435,7 @@ def push_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
             pushers.shutdown(wait=True, cancel_futures=True)
             service.stop()
             partners.close()
-    return figures(f"push, {label(breaker, knobs.down)}", line, partners)
+    return figures(f"{entry.name}, {label(breaker, knobs.down)}", line, partners)
 
 
 def _push(http: Any, url: str, data: bytes, attributes: dict[str, str]) -> dict[str, Any]:
@@ -418,14 +449,14 @@ def _push(http: Any, url: str, data: bytes, attributes: dict[str, str]) -> dict[
 
 
 def _client(url: str, tag: str, counter: Iterator[int], line: Timeline,
-            stop: threading.Event, only: str = "") -> None:
+            stop: threading.Event, only: str = "", event_type: str = "BENCH_PARTNER") -> None:
     http = requests.Session()
     while not stop.is_set():
         n = next(counter)
         partner = only or (HEALTHY if n % 2 == 0 else FLAKY)
         started = time.monotonic()
         try:
-            answer = _push(http, url, *event(partner, n, tag))
+            answer = _push(http, url, *event(partner, n, tag, event_type))
         except (requests.RequestException, ValueError):
             answer = {}
         line.answers.append((started, time.monotonic() - started, partner,
@@ -533,8 +564,10 @@ def main() -> None:
     knobs = Knobs(phase=6.0 if args.quick else args.phase, down=args.down)
     uri, runs = database_uri(), []
     for run in range(args.runs):
-        rows = [scenario(uri, knobs, breaker) for scenario in (push_scenario, worker_scenario)
-                for breaker in (True, False)]
+        rows = [push_scenario(uri, knobs, breaker) for breaker in (True, False)]
+        if args.down == "slow":  # where waiting on a partner holds no gunicorn thread
+            rows.append(asgi_push_scenario(uri, knobs, True))
+        rows += [worker_scenario(uri, knobs, breaker) for breaker in (True, False)]
         print(f"run {run + 1}:\n{table(rows)}\n", flush=True)
         runs.append(rows)
     if args.runs > 1:
