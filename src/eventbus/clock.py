@@ -48,6 +48,8 @@ def bson_time(moment: datetime) -> datetime:
     halves of a rule (the server's and the memory store's) disagree. A naive
     datetime is taken as UTC, as pymongo does.
     """
+    if moment.tzinfo is UTC and not moment.microsecond % 1000 and type(moment) is datetime:
+        return moment  # already at BSON's grain (a push asks several times): nothing to redo
     aware = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
     return aware.replace(microsecond=aware.microsecond // 1000 * 1000)
 
@@ -90,7 +92,7 @@ def store_now(shift: Shift | None = None, plus: timedelta = timedelta(0)) -> Any
     in an indexed one), so the server's clock decides every lease at the
     moment of the write.
     """
-    offset = millis(plus + (shift.delta if shift is not None else timedelta(0)))
+    offset = millis(plus + shift.delta if shift is not None and shift.seconds else plus)
     return "$$NOW" if offset == 0 else {"$add": ["$$NOW", offset]}
 
 
@@ -119,7 +121,9 @@ class ServerClock:
             base = self._sync()
             at = self._monotonic()
         moment = base[0] + timedelta(seconds=at - base[1])
-        return moment + (self._shift.delta if self._shift is not None else timedelta(0))
+        # No offset (production): no second timedelta to build and add.
+        return moment + self._shift.delta if self._shift is not None and self._shift.seconds \
+            else moment
 
     def _sync(self) -> tuple[datetime, float]:
         with self._lock:

@@ -22,6 +22,7 @@ ordinary path and the same line.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -38,6 +39,8 @@ _REQUESTS = logging.getLogger("eventbus.request")
 TRACE = "logging.googleapis.com/trace"
 SPAN_ID = "logging.googleapis.com/spanId"
 TRACE_SAMPLED = "logging.googleapis.com/trace_sampled"
+# One encoder for every line: ``json.dumps`` with an option builds a new one per call.
+_LINE = json.JSONEncoder(default=str)
 
 
 class JsonFormatter(logging.Formatter):
@@ -66,7 +69,7 @@ class JsonFormatter(logging.Formatter):
         self._correlate(entry)
         if stack_trace:
             entry["stack_trace"] = stack_trace
-        return json.dumps(entry, default=str)
+        return _LINE.encode(entry)
 
     def _correlate(self, entry: dict[str, Any]) -> None:
         """Add the current scope's trace and request id, unless the line has its own."""
@@ -95,12 +98,13 @@ class JsonLineHandler(logging.StreamHandler):
         try:
             text = formatter.line(logging.getLevelName(level), message, logger, time.time(),
                                   fields)
-            self.acquire()
-            try:
-                self.stream.write(text + self.terminator)
-                self.flush()
-            finally:
-                self.release()
+            # ``emit``'s write and flush under the handler's lock, taken once (``flush()``
+            # would take it again): a push writes one such line.
+            with self.lock or contextlib.nullcontext():
+                stream = self.stream
+                stream.write(text + self.terminator)
+                if stream and hasattr(stream, "flush"):
+                    stream.flush()
         except Exception:  # as the stdlib's emit: a broken stream never fails the request
             self.handleError(logging.makeLogRecord({"msg": message, "name": logger}))
 

@@ -158,6 +158,8 @@ def stamp(outbox: Sequence[Document], carried: Mapping[str, str] | None = None) 
     Stored with the entry, it is what the relay publishes with the child,
     inline or from the sweeper much later, so the child joins the trace.
     """
+    if not outbox:  # nothing to stamp (most pushes): no trace to read
+        return []
     if carried is None:
         trace = current_trace()
         carried = trace.attributes() if trace is not None else {}

@@ -66,8 +66,13 @@ class Heartbeat:
         """
         leases = {key: Lease(key, owner) for key, owner in owners.items()}
         held = [Lease(key, owner, entity=True) for key, owner in (entities or {}).items()]
-        with self._kept([*leases.values(), *held]):
+        # ``_kept`` written out (every push holds its claim here): one generator, not two.
+        kept = [*leases.values(), *held]
+        self._keep(kept)
+        try:
             yield leases
+        finally:
+            self._drop(kept)
 
     @contextlib.contextmanager
     def holding(self, entities: Mapping[str, str]) -> Iterator[dict[str, Lease]]:
@@ -85,16 +90,25 @@ class Heartbeat:
 
     @contextlib.contextmanager
     def _kept(self, leases: list[Lease]) -> Iterator[None]:
-        """Renew ``leases`` on every beat for the block (the one place leases are registered)."""
-        with self._lock:
-            self._live.update((id(lease), lease) for lease in leases)
-        self._ensure_thread()
+        """Renew ``leases`` on every beat for the block (``hold`` writes it out)."""
+        self._keep(leases)
         try:
             yield
         finally:
-            with self._lock:
-                for lease in leases:
-                    self._live.pop(id(lease), None)
+            self._drop(leases)
+
+    def _keep(self, leases: list[Lease]) -> None:
+        """Register ``leases`` for every beat (the one place they are), the thread started."""
+        with self._lock:
+            self._live.update((id(lease), lease) for lease in leases)
+        if self._background and self._thread is None:
+            self._ensure_thread()
+
+    def _drop(self, leases: list[Lease]) -> None:
+        """Renew ``leases`` no more."""
+        with self._lock:
+            for lease in leases:
+                self._live.pop(id(lease), None)
 
     def confirm(self, lease: Lease) -> bool:
         """Renew one entity hold now (before a lane's event); False, and lost, if it lapsed."""

@@ -92,7 +92,7 @@ class Intake:
         """Return where ``delivery`` belongs; never raises for anything a message holds."""
         parsed: Event | None = None
         try:
-            event, payload = _event(delivery)
+            event, payload, made = _event(delivery)
             parsed = event
             key, root = self._key(event, delivery, payload)
         except InvalidEvent as exc:
@@ -115,7 +115,7 @@ class Intake:
             # its own key, so a replay after the fix finds it, and its
             # fingerprint, so a corrected event under that key is told apart.
             return _refused(delivery, event, exc, key, payload)
-        fields = documents.event_fields(event, delivery, fingerprint=payload,
+        fields = documents.event_fields(event, delivery, fingerprint=payload, made=made,
                                         **self._links(delivery, key, root))
         return Located(delivery, key, fields, event, route, root, order=order, upcast=upcast,
                        failure=failure)
@@ -168,11 +168,13 @@ class Intake:
         return {"parent_key": cascade_links(delivery.attributes)["parent_key"], "root_key": root}
 
 
-def _event(delivery: Delivery) -> tuple[Event, str]:
-    """Return the delivery's event and its fingerprint, or raise ``InvalidEvent``.
+def _event(delivery: Delivery) -> tuple[Event, str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Return the delivery's event, its fingerprint and its two documents, or raise
+    ``InvalidEvent``.
 
     The event's canonical JSON is made once: for the fingerprint, and to
-    prove most payloads storable without walking them.
+    prove most payloads storable without walking them. The event's and the
+    delivery's documents it was made of become the record's fields.
     """
     if delivery.decode_error:
         raise InvalidEvent(delivery.decode_error)
@@ -185,7 +187,7 @@ def _event(delivery: Delivery) -> tuple[Event, str]:
     if found:
         raise ContentProblem(f"the message cannot be stored as it is: {found}")
     assert text is not None  # a document too deep to encode is never storable
-    return event, fingerprint_text(text)
+    return event, fingerprint_text(text), (document, pubsub)
 
 
 def _ordered(route: Route, path: str,

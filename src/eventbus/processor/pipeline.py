@@ -403,7 +403,8 @@ class Processor:
             context = self._context(item)
             with self._handler_scope(item, alone) as carried:
                 returned = route.handler(context)
-            if inspect.isawaitable(returned):
+            # A plain handler returns None: no awaitable to look for (an ABC check).
+            if returned is not None and inspect.isawaitable(returned):
                 raise _unawaited(route.handler, returned)
         except Exception as exc:  # classified below: unknown means transient
             item.pending = self._failure(item, exc)

@@ -15,7 +15,6 @@ import functools
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ import flask
 from eventbus.correlation import logs, tracecontext
 from eventbus.correlation.outbound import http_request
 from eventbus.model.errors import PayloadTooLarge, RequestError, StoreUnavailable
+from eventbus.model.keys import new_id
 from eventbus.processor import Processor, Result
 from eventbus.pubsub.envelope import parse_delivery
 from eventbus.pubsub.push_auth import Authenticator
@@ -33,6 +33,8 @@ from eventbus.telemetry import Telemetry
 from eventbus.web import http_status as status_table
 
 logger = logging.getLogger("eventbus")
+# The answer's encoder, made once: ``json.dumps`` with options builds a new one per call.
+_ANSWER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 
 class PushService:
@@ -88,7 +90,7 @@ class PushService:
             _log(environ, request_id, status, started, result)
         # One small JSON object per push: encoded here rather than through
         # Flask's JSON provider, which costs more than the body is worth.
-        return (json.dumps(body, separators=(",", ":"), default=str).encode(), status,
+        return (_ANSWER.encode(body).encode(), status,
                 {"X-Request-Id": request_id})
 
     def ensure_indexes(self) -> bool:
@@ -136,7 +138,7 @@ def _request_id(headers: dict[str, str]) -> str:
     trace = headers.get("x-cloud-trace-context", "").split("/")[0]
     candidate = given or trace
     usable = candidate.isascii() and candidate.isprintable()  # it goes back in a header
-    return candidate[:128] if usable and candidate else uuid.uuid4().hex
+    return candidate[:128] if usable and candidate else new_id()
 
 
 def _log(environ: dict[str, Any], request_id: str, status: int, started: float,

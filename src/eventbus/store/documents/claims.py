@@ -37,6 +37,8 @@ from eventbus.store.documents.records import (
 _NEW = "__eventbus_new"
 _TAKE = "__eventbus_take"
 _REDO = "__eventbus_redo"
+_IF_NEW, _IF_TAKE, _IF_REDO = f"${_NEW}", f"${_TAKE}", f"${_REDO}"
+_DROPPED_ON_REDO = (REJECTED, "payload_sha256", "payload_size", "raw_payload")
 
 
 def is_new(previous: Mapping[str, Any] | None) -> bool:
@@ -128,18 +130,21 @@ def claim_pipeline(fields: Mapping[str, Any], now: datetime, *, owner: str, leas
     record not taken keeps every field as it was); stage three drops the
     scratch decisions.
     """
+    # Built once per push: the conditions are written out here rather than through
+    # one helper call per field (about a third of building it).
     new = {"$eq": [{"$ifNull": ["$event_status", ""]}, ""]}
     fingerprint = str(fields.get("payload_fingerprint") or "")
     redo = _redo_expression(fingerprint)
     decide = {"$set": {_NEW: new, _REDO: redo,
                        _TAKE: {"$or": [redo, _take_expression(fingerprint, shift)]}}}
-    fresh = {"$or": [f"${_NEW}", f"${_REDO}"]}
-    on_insert = {name: {"$cond": [f"${_NEW}" if name in AUDIT_FIELDS else fresh,
-                                  {"$literal": value}, f"${name}"]}
+    fresh = {"$or": [_IF_NEW, _IF_REDO]}
+    on_insert = {name: {"$cond": [_IF_NEW if name in AUDIT_FIELDS else fresh,
+                                  {"$literal": value}, "$" + name]}
                  for name, value in insert_fields(fields, now, created_by=created_by,
                                                   retention=retention).items()}
-    taken = {name: _when(_TAKE, value, name)
-             for name, value in _taken_fields(fields, now, owner, lease, shift).items()}
+    taken = {name: {"$cond": [_IF_TAKE, value, "$" + name]}
+             for name, value in _taken_fields(fields, epoch_ms(now), owner, lease,
+                                              shift).items()}
     return [decide, {"$set": {**_redo_fields(), **on_insert, **taken}},
             {"$unset": [_NEW, _TAKE, _REDO]}]
 
@@ -156,15 +161,10 @@ def _redo_expression(fingerprint: str) -> Any:
 def _redo_fields() -> dict[str, Any]:
     # A corrected payload takes a rejected record: the refusal is kept in
     # ``rejections`` and what described only the refused payload goes.
-    refused = {name: {"$ifNull": [f"${name}", "$$REMOVE"]} for name in REJECTION_FIELDS}
+    refused = {name: {"$ifNull": ["$" + name, "$$REMOVE"]} for name in REJECTION_FIELDS}
     kept = {"$concatArrays": [{"$ifNull": ["$rejections", []]}, [refused]]}
-    dropped = {name: _when_not(_REDO, name) for name in
-               (REJECTED, "payload_sha256", "payload_size", "raw_payload")}
-    return {"rejections": _when(_REDO, kept, "rejections"), **dropped}
-
-
-def _when_not(flag: str, name: str) -> dict[str, Any]:
-    return {"$cond": [f"${flag}", "$$REMOVE", f"${name}"]}
+    return {"rejections": {"$cond": [_IF_REDO, kept, "$rejections"]},
+            **{name: {"$cond": [_IF_REDO, "$$REMOVE", "$" + name]} for name in _DROPPED_ON_REDO}}
 
 
 def _take_expression(fingerprint: str, shift: Shift | None) -> dict[str, Any]:
@@ -182,11 +182,7 @@ def _take_expression(fingerprint: str, shift: Shift | None) -> dict[str, Any]:
     return {"$and": [same, state]}
 
 
-def _when(flag: str, value: Any, name: str) -> dict[str, Any]:
-    return {"$cond": [f"${flag}", value, f"${name}"]}
-
-
-def _taken_fields(fields: Mapping[str, Any], now: datetime, owner: str,
+def _taken_fields(fields: Mapping[str, Any], stamp: str, owner: str,
                   lease: timedelta, shift: Shift | None) -> dict[str, Any]:
     attempt = {"$add": [{"$ifNull": ["$attempts", 0]}, 1]}
     return {
@@ -194,9 +190,9 @@ def _taken_fields(fields: Mapping[str, Any], now: datetime, owner: str,
         "lease_until": store_now(shift, lease),
         "lease_owner": owner,
         "attempts": attempt,
-        "lastUpdatedTime": epoch_ms(now),
+        "lastUpdatedTime": stamp,
         "pubsub": {"$literal": fields.get("pubsub", {})},
-        "entity_metadata": _metadata_with_attempt(fields, attempt, epoch_ms(now)),
+        "entity_metadata": _metadata_with_attempt(fields, attempt, stamp),
         # retryable and error describe a FAILED record only.
         "retryable": "$$REMOVE",
         "error": "$$REMOVE",
@@ -207,7 +203,7 @@ def _taken_fields(fields: Mapping[str, Any], now: datetime, owner: str,
 def _metadata_with_attempt(fields: Mapping[str, Any], attempt: Mapping[str, Any],
                            stamp: str) -> dict[str, Any]:
     seed = seed_metadata(fields)
-    fresh = {"$or": [f"${_NEW}", f"${_REDO}"]}
+    fresh = {"$or": [_IF_NEW, _IF_REDO]}
     base = {"$cond": [fresh, {"$literal": seed}, "$entity_metadata"]}
     earlier = {"$cond": [fresh, {},
                          {"$ifNull": ["$entity_metadata.resilienceAttemptCount", {}]}]}

@@ -67,16 +67,18 @@ def expire_at(created: datetime, retention: timedelta) -> datetime:
 
 
 def event_fields(event: Event, delivery: Delivery, *, fingerprint: str = "",
-                 parent_key: str = "", root_key: str = "") -> dict[str, Any]:
+                 parent_key: str = "", root_key: str = "",
+                 made: tuple[dict[str, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Return the seed fields stored when the event's record is inserted.
 
     ``fingerprint`` identifies the payload (``eventbus.model.keys.fingerprint``,
     computed when not given): a different payload under the same key is a
-    conflict, never a duplicate.
+    conflict, never a duplicate. ``made``: ``event.to_document()`` and
+    ``delivery.pubsub_document()`` when the caller made them already (intake,
+    for the fingerprint); the first becomes the fields, so it is the caller's no more.
     """
-    fields = event.to_document()
-    fields.update(pubsub=delivery.pubsub_document(),
-                  payload_fingerprint=fingerprint or keys.fingerprint(event))
+    fields, pubsub = made or (event.to_document(), delivery.pubsub_document())
+    fields.update(pubsub=pubsub, payload_fingerprint=fingerprint or keys.fingerprint(event))
     if parent_key:
         fields["parent_key"] = parent_key
     if root_key:
@@ -154,8 +156,10 @@ def insert_fields(fields: Mapping[str, Any], now: datetime, *, created_by: str,
 
     The audit fields are written last so ``fields`` can never override them.
     """
-    return {**fields, "created": epoch_ms(now), "createdBy": created_by,
-            "expire_at": expire_at(now, retention), "event_day_id": event_day_id(now)}
+    now = bson_time(now)  # once: each helper below would truncate it again
+    since = now - EPOCH
+    return {**fields, "created": str(since // _MILLISECOND), "createdBy": created_by,
+            "expire_at": bson_time(now + retention), "event_day_id": since.days}
 
 
 def seed_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def owner_filter(key: str, owner: str) -> dict[str, Any]:
 
 
 _FLAG = "__eventbus_fence"
+_IF_FENCE = f"${_FLAG}"
 
 
 def guarded(update: Mapping[str, Any] | Sequence[Mapping[str, Any]],
@@ -62,11 +63,11 @@ def guarded(update: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     out: list[dict[str, Any]] = [{"$set": {_FLAG: condition}}]
     for stage in stages:
         if "$set" in stage:
-            out.append({"$set": {name: {"$cond": [f"${_FLAG}", value, f"${name}"]}
+            out.append({"$set": {name: {"$cond": [_IF_FENCE, value, "$" + name]}
                                  for name, value in stage["$set"].items()}})
         else:
             names = stage["$unset"]
-            out.append({"$set": {name: {"$cond": [f"${_FLAG}", "$$REMOVE", f"${name}"]}
+            out.append({"$set": {name: {"$cond": [_IF_FENCE, "$$REMOVE", "$" + name]}
                                  for name in ([names] if isinstance(names, str) else names)}})
     out.append({"$unset": [_FLAG]})
     return out
