@@ -135,9 +135,10 @@ class CallWindow:
         """The window with each call running for ``seconds`` or more at ``now`` counted as a
         slow call, the newest ones; and how many of those there are."""
         with self._lock:
-            running = sum(1 for at in self._running.values() if now - at >= seconds)
-            running = min(running, self._size)
-            kept = list(self._calls)[len(self._calls) - (self._size - running):] \
+            running = min(self._size, sum(1 for at in self._running.values()
+                                          if now - at >= seconds))
+            # The newest ended calls that still fit beside them (all of them in a short window).
+            kept = list(self._calls)[max(0, len(self._calls) - (self._size - running)):] \
                 if running < self._size else []
             return Tally(len(kept) + running, sum(kept) + running), running
 
