@@ -441,8 +441,7 @@ class Partner:
         if after is None:
             return
         self.partners.window(self.name).observe(after.opened_at)
-        logger.warning("breaker %s open until %s: %s", self.name, after.open_until,
-                       describe_reason(after.reason))
+        self._opened(after)
         assert after.open_until is not None
         raise BreakerOpen(self.name, after.open_until, "opened: calls running are slow")
 
@@ -509,9 +508,9 @@ class Partner:
         seconds = max(0.0, self.partners.monotonic() - started.at)
         slow_policy = self.partners.policy.slow
         slow = slow_policy.is_slow(seconds)
-        window = self.partners.window(self.name)
-        tally = None if not slow_policy.enabled else window.record(slow) \
-            if started.token is None else window.ended(started.token, slow)
+        # A token exactly when slow calls are counted (``_started``).
+        tally = None if started.token is None \
+            else self.partners.window(self.name).ended(started.token, slow)
         answered = exc is None or self.partners.classifier.classify(exc) \
             is Classification.PERMANENT
         return CallOutcome(None if answered else f"{type(exc).__name__}: {exc}", seconds,
@@ -537,9 +536,12 @@ class Partner:
             return None
         if after is None or after.state != OPEN or after.opened_at != now:
             return None
+        self._opened(after)
+        return after
+
+    def _opened(self, after: BreakerState) -> None:
         logger.warning("breaker %s open until %s: %s", self.name, after.open_until,
                        describe_reason(after.reason))
-        return after
 
 
 def describe_reason(reason: Mapping[str, Any] | None) -> str:

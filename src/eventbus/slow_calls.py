@@ -120,17 +120,6 @@ class CallWindow:
         with self._lock:
             self._running.pop(token, None)
 
-    def record(self, slow: bool) -> Tally:
-        """Count one call that was never ``started``; return the window's tally with it."""
-        with self._lock:
-            self._calls.append(slow)
-            return self._tally()
-
-    def tally(self) -> Tally:
-        """The window's tally now (ended calls only)."""
-        with self._lock:
-            return self._tally()
-
     def tally_now(self, now: float, seconds: float) -> tuple[Tally, int]:
         """The window with each call running for ``seconds`` or more at ``now`` counted as a
         slow call, the newest ones; and how many of those there are."""
