@@ -331,8 +331,7 @@ def test_a_crash_after_a_new_guarded_call_never_repeats_the_call_on_resume() -> 
     world = World()
     bus = make_bus(world)
     (key,) = published(bus, 1)
-    with bus.store._lock:  # type: ignore[attr-defined]
-        bus.store._guards.clear()  # type: ignore[attr-defined]  # the call's record expired
+    bus.store.forget_guards()  # type: ignore[attr-defined]  # the call's record expired
     first = job(bus, world.router(), new_calls=True)
     undo = crashing(bus.store, "rebuild_finish_many", after=False)
     with pytest.raises(Crash):
@@ -387,8 +386,7 @@ def test_a_guard_whose_stored_result_is_failed_is_refused_without_the_flag() -> 
     bus = make_bus(world)
     (key,) = published(bus, 1)
     guard = f"call:{key}"
-    with bus.store._lock:  # type: ignore[attr-defined]
-        bus.store._guards.clear()  # type: ignore[attr-defined]
+    bus.store.forget_guards()  # type: ignore[attr-defined]
     owner = "someone"
     assert bus.store.guard_take(guard, owner, bus.clock(), dt.timedelta(seconds=5)) is None
     bus.store.guard_finish(guard, owner, bus.clock(), succeeded=False,
@@ -405,8 +403,7 @@ def test_a_guard_leased_by_a_live_delivery_is_never_called_by_an_allowed_rebuild
     bus = make_bus(world)
     (key,) = published(bus, 1)
     guard = f"call:{key}"
-    with bus.store._lock:  # type: ignore[attr-defined]
-        bus.store._guards.clear()  # type: ignore[attr-defined]
+    bus.store.forget_guards()  # type: ignore[attr-defined]
     # A live delivery holds the guard right now (its call in flight).
     assert bus.store.guard_take(guard, "live", bus.clock(), dt.timedelta(seconds=600)) is None
     report = job(bus, world.router(), new_calls=True).run()

@@ -314,6 +314,12 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         with self._lock:
             return [copy.deepcopy(self._events[key]) for key in keys if key in self._events]
 
+    def forget_guards(self) -> None:
+        """Forget every guard record, as the server's TTL index does once they outlive their
+        retention (this store keeps them until asked): a call whose record is gone."""
+        with self._lock:
+            self._guards.clear()
+
     def reset(self) -> None:
         """Forget every record."""
         with self._lock:
