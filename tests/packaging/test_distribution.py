@@ -8,6 +8,7 @@ pip, in seconds instead of tens of seconds.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import zipfile
 from pathlib import Path
@@ -29,9 +30,14 @@ pytestmark = [
 
 
 def run(*command: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """Run ``command``; fail the test with its output when it fails."""
+    """Run ``command``; fail the test with its output when it fails.
+
+    uv trusts the system's certificates (as ``infra/venv.sh`` makes it): it reads
+    neither pip's configuration nor, by default, the system's store.
+    """
     done = subprocess.run([str(part) for part in command], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, check=False)
+                          text=True, timeout=600, check=False,
+                          env={**os.environ, "UV_SYSTEM_CERTS": "1"})
     assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
