@@ -118,9 +118,13 @@ def relay_once(env: dict[str, str]) -> None:
     assert done.returncode in (0, 1), done.stderr
 
 
-# Slow, so it starts first on an xdist worker: about 50 s alone, most of it the
-# emulator's redeliveries after the SIGKILL (it goes on handing messages to the killed
-# worker's stream for a while, each back only after the 10 s ack deadline). It ran
+# Slow, so it starts first on an xdist worker: about 75 s alone (140-190 s beside the
+# other workers: the run's critical path), the last half of it the emulator's
+# redeliveries after the SIGKILL. The emulator goes on handing messages to the killed
+# worker's stream, each back only after the 10 s ack deadline: checked with a bare
+# subscriber (ack deadline 10 s, 600 messages), a second subscriber got all 600 at once
+# when no stream had died, and 200 in 60 s (at 8 s and 56 s) after one was SIGKILLed.
+# Real Pub/Sub drops a dead stream; nothing in the worker can. It ran
 # alone while its worker published one child at a time (100-150 s alone, 3-5 times
 # that beside busy workers); the inline relay now publishes a batch's side by side.
 @pytest.mark.slow
