@@ -39,11 +39,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order and group the tests for pytest-xdist.
 
-    - The slow tests come first, so the longest ones start while the many quick
-      ones fill the other workers (``--dist loadgroup`` hands the tests out in
-      this order): ``slow``, then the ``same_worker`` modules (each goes to one
-      worker as a whole: 35-40 s of work handed out late made the run's tail),
-      then ``e2e``; the order within each kind is kept.
+    - The slow tests (``slow``, ``e2e``) come first, so the longest ones start
+      while the many quick ones fill the other workers (``--dist loadgroup``
+      hands the tests out in this order); the order within each kind is kept.
     - ``same_worker(reason=...)`` keeps a module's tests on one worker, in file
       order: for a module whose tests share something costly that the module
       makes once (its own emulator, a built wheel). The reason is required.
@@ -60,8 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     e2e = Path(__file__).parent / "e2e"
     items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else
-               1 if item.get_closest_marker("same_worker") else
-               2 if e2e in item.path.parents else 3)
+               1 if e2e in item.path.parents else 2)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist sends the report to the controller
