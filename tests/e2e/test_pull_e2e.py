@@ -118,8 +118,8 @@ def relay_once(env: dict[str, str]) -> None:
     assert done.returncode in (0, 1), done.stderr
 
 
-# Slow, so it starts first on an xdist worker: about 75 s alone (140-190 s beside the
-# other workers: the run's critical path), the last half of it the emulator's
+# Slow, so it starts first on an xdist worker: about 75 s alone (78-189 s beside the
+# other workers, often the run's critical path), the last half of it the emulator's
 # redeliveries after the SIGKILL. The emulator goes on handing messages to the killed
 # worker's stream, each back only after the 10 s ack deadline: checked with a bare
 # subscriber (ack deadline 10 s, 600 messages), a second subscriber got all 600 at once
