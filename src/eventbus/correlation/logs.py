@@ -22,7 +22,6 @@ ordinary path and the same line.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -98,13 +97,12 @@ class JsonLineHandler(logging.StreamHandler):
         try:
             text = formatter.line(logging.getLevelName(level), message, logger, time.time(),
                                   fields)
-            # ``emit``'s write and flush under the handler's lock, taken once (``flush()``
-            # would take it again): a push writes one such line.
-            with self.lock or contextlib.nullcontext():
-                stream = self.stream
-                stream.write(text + self.terminator)
-                if stream and hasattr(stream, "flush"):
-                    stream.flush()
+            self.acquire()  # ``emit``'s write and flush, under the handler's lock
+            try:
+                self.stream.write(text + self.terminator)
+                self.flush()
+            finally:
+                self.release()
         except Exception:  # as the stdlib's emit: a broken stream never fails the request
             self.handleError(logging.makeLogRecord({"msg": message, "name": logger}))
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Mapping
 from urllib.parse import quote
@@ -48,24 +47,11 @@ CONFLICT_PREFIX = "conflict:"
 _CHILD_SHAPE = re.compile(r"/[0-9]+:")
 # One encoder for every canonical text: ``json.dumps`` with options builds a new one per call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-# A version-4 UUID's fixed bits (RFC 4122: version 4, variant 10), as ``uuid.UUID`` sets them.
-_UUID4_CLEARED = ~((0xC000 << 48) | (0xF000 << 64))
-_UUID4_SET = (0x8000 << 48) | (4 << 76)
 
 
 def canonical_json(value: object) -> str:
     """Return ``value`` as JSON with sorted keys and no spaces: equal data, equal text."""
     return _CANONICAL.encode(value)
-
-
-def new_id() -> str:
-    """Return a fresh random id spelled as ``uuid.uuid4().hex`` (a lease owner, a request id).
-
-    The same 32 hex digits with the same version and variant bits, without
-    building a ``uuid.UUID`` (a push makes two; the object costs more than the
-    random bytes).
-    """
-    return f"{int.from_bytes(os.urandom(16), 'big') & _UUID4_CLEARED | _UUID4_SET:032x}"
 
 
 def any_text_bytes(text: str) -> bytes:

@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,6 @@ import flask
 from eventbus.correlation import logs, tracecontext
 from eventbus.correlation.outbound import http_request
 from eventbus.model.errors import PayloadTooLarge, RequestError, StoreUnavailable
-from eventbus.model.keys import new_id
 from eventbus.processor import Processor, Result
 from eventbus.pubsub.envelope import parse_delivery
 from eventbus.pubsub.push_auth import Authenticator
@@ -138,7 +138,7 @@ def _request_id(headers: dict[str, str]) -> str:
     trace = headers.get("x-cloud-trace-context", "").split("/")[0]
     candidate = given or trace
     usable = candidate.isascii() and candidate.isprintable()  # it goes back in a header
-    return candidate[:128] if usable and candidate else new_id()
+    return candidate[:128] if usable and candidate else uuid.uuid4().hex
 
 
 def _log(environ: dict[str, Any], request_id: str, status: int, started: float,
