@@ -31,8 +31,9 @@ FILES_BUDGET = 27
 and the fenced finish builds its conditional pipeline in ``documents.updates`` and reads the
 park count from ``documents.partner_documents`` (issue 30;
 24 on 2026-11-25, 25 before the one-pipeline change, by the same profile)."""
-CALLS_BUDGET = 444
-"""Measured 444 on 2026-11-27 with the push's CPU cuts (the claim pipeline written out instead of
+CALLS_BUDGET = 443
+"""Measured 443 on 2026-11-26 with pushes answered by ``PushRoute`` (its call and
+``answer_environ`` instead of Flask's view and ``handle``). 444 on 2026-11-27 with the push's CPU cuts (the claim pipeline written out instead of
 a helper call per field, the intake's documents made once, stamps truncated once, one
 generator holding the claim's lease instead of two). 452
 on 2026-11-27: one call more per push for ``async def`` handlers (issue 32:

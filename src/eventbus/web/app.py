@@ -29,7 +29,7 @@ from eventbus.pubsub.push_auth import Authenticator
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.telemetry import Telemetry
-from eventbus.web.service import PushService
+from eventbus.web.service import PushRoute, PushService
 
 __all__ = ["build_service", "create_app", "default_publisher", "default_store", "inline_relay",
            "push_target", "utcnow"]
@@ -75,6 +75,8 @@ def create_app(router: Router, settings: Settings | None = None,
         app.add_url_rule("/metrics", view_func=lambda: _metrics(service.telemetry),
                          methods=["GET"], endpoint="metrics")
     app.register_error_handler(HTTPException, _http_error)
+    # Pushes skip Flask's dispatch while the app adds nothing to a request (``PushRoute``).
+    app.wsgi_app = PushRoute(app, service, PUSH_PATHS, app.wsgi_app)  # type: ignore[method-assign]
     return app
 
 

@@ -1,0 +1,209 @@
+"""``PushRoute``: a push skips Flask's dispatch only where Flask would add nothing to it.
+
+The same request gets the same status, body, headers and request line
+whether ``PushRoute`` answers it or Flask does (forced here by a no-op
+``before_request`` hook, one of the things that make it step aside); hostile
+bodies and headers included.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from typing import Any
+
+import flask
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventbus.correlation import logs
+from eventbus.model.router import Router
+from tests.service.conftest import Harness, Make, event
+
+PINNED = {"X-Request-Id": "req-1",
+          "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+"""A request id and a trace given by the caller, so both answers and lines carry the same."""
+VARYING = ("timestamp", "duration", "httpRequest")
+"""Request-line fields that differ between two requests whatever served them."""
+
+
+def delivery(payload: dict[str, Any] | bytes, message_id: str = "m-1",
+             **attributes: str) -> bytes:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return json.dumps({"message": {"data": base64.b64encode(data).decode(),
+                                   "messageId": message_id, "attributes": attributes},
+                       "subscription": "projects/p/subscriptions/s"}).encode()
+
+
+def through_flask(app: flask.Flask) -> None:
+    """Give ``app`` a request hook that changes nothing: pushes then go through Flask."""
+    app.before_request(lambda: None)
+
+
+def capture_logs() -> io.StringIO:
+    """Send the service's lines to a buffer (after ``create_app``, which sets them up too)."""
+    stream = io.StringIO()
+    logs.configure("svc", stream=stream)
+    return stream
+
+
+def request_lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    return [{k: v for k, v in line.items() if k not in VARYING}
+            for line in lines if line.get("logType") == "REQUEST_INBOUND"]
+
+
+def answer(h: Harness, body: bytes, **environ: str) -> tuple[int, dict[str, str], bytes]:
+    response = h.client.post("/", data=body, content_type="application/json", headers=PINNED,
+                             environ_overrides=environ)
+    headers = {name: value for name, value in response.headers.items()}
+    return response.status_code, headers, response.get_data()
+
+
+def pair(make_harness: Make, **overrides: Any) -> tuple[Harness, Harness]:
+    """Two apps alike on stores of their own; the second answers through Flask."""
+    fast, slow = make_harness(**overrides), make_harness(**overrides)
+    through_flask(slow.app)
+    return fast, slow
+
+
+BODIES = {
+    "processed": delivery(event(), idempotency_key="k-1"),
+    "not a delivery": b'{"a": 1}',
+    "not JSON": b"\xff\xfe not json",
+    "too large": b"x" * 3000,
+    "unknown type": delivery(event("NOPE"), idempotency_key="k-2"),
+    "bad base64": b'{"message": {"data": "%%%", "messageId": "m"}, "subscription": "s"}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_both_routes_give_the_same_answer_and_request_line(make_harness: Make,
+                                                           name: str) -> None:
+    fast, slow = pair(make_harness, max_body_bytes=2000)
+    log_stream = capture_logs()
+    first = answer(fast, BODIES[name])
+    fast_lines = request_lines(log_stream)
+    second = answer(slow, BODIES[name])
+    slow_lines = request_lines(log_stream)[len(fast_lines):]
+    assert first == second
+    assert first[1]["Content-Type"] == "application/json"
+    assert first[1]["X-Request-Id"] == "req-1"
+    assert int(first[1]["Content-Length"]) == len(first[2])
+    assert len(fast_lines) == len(slow_lines) == 1 and fast_lines == slow_lines
+
+
+def test_a_duplicate_is_answered_alike(make_harness: Make) -> None:
+    fast, slow = pair(make_harness)
+    body = delivery(event(), idempotency_key="dup-1")
+    answers = [answer(h, body) for h in (fast, fast, slow, slow)]
+    assert answers[0] == answers[2] and answers[1] == answers[3]
+    assert json.loads(answers[1][2])["outcome"] == "duplicate"
+
+
+@pytest.mark.parametrize("declared", ["\u00b2", "9" * 5000, "-5", "1e9", " 12", "0"],
+                         ids=["superscript two", "5000 digits", "negative", "float", "space",
+                              "zero"])
+def test_a_hostile_content_length_gets_the_same_answer(make_harness: Make,
+                                                       declared: str) -> None:
+    fast, slow = pair(make_harness, router=Router(), max_body_bytes=1000)
+    body = delivery(event(), idempotency_key="cl-1")
+    first = answer(fast, body, CONTENT_LENGTH=declared)
+    assert first == answer(slow, body, CONTENT_LENGTH=declared)
+    assert 400 <= first[0] < 500
+
+
+HOSTILE_TEXT = st.text(st.characters(codec="utf-16", exclude_categories=()), max_size=40)
+HOSTILE_BODY = st.one_of(
+    st.binary(max_size=300),
+    st.recursive(st.none() | st.booleans() | st.integers(min_value=-2**80, max_value=2**80)
+                 | HOSTILE_TEXT,
+                 lambda inner: st.lists(inner, max_size=4)
+                 | st.dictionaries(HOSTILE_TEXT, inner, max_size=4), max_leaves=12)
+    .map(lambda value: json.dumps({"message": {"data": base64.b64encode(
+        json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")).decode(),
+        "messageId": "h", "attributes": {"event_type": "TEST"}}, "subscription": "s"})
+        .encode("utf-8", "surrogatepass")),
+)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=HOSTILE_BODY, request_id=HOSTILE_TEXT)
+def test_hostile_pushes_get_the_same_answer_on_both_routes(make_harness: Make, body: bytes,
+                                                           request_id: str) -> None:
+    fast, slow = pair(make_harness)
+    answers = []
+    for h in (fast, slow):
+        response = h.client.post("/", data=body, content_type="application/json",
+                                 headers={"X-Request-Id": request_id.encode(
+                                     "utf-8", "surrogatepass").decode("latin-1")})
+        parsed = response.get_json()
+        parsed.pop("requestId", None)  # a generated one when the given id is unusable
+        answers.append((response.status_code, parsed))
+    assert answers[0] == answers[1]
+    assert answers[0][0] < 500 or answers[0][1].get("outcome") in ("retry", "unavailable")
+
+
+def test_a_request_hook_still_sees_every_push(make_harness: Make) -> None:
+    h = make_harness()
+    seen: list[str] = []
+
+    def hook() -> None:
+        seen.append(flask.request.path)
+
+    h.app.before_request(hook)
+    response = h.client.post("/push", data=delivery(event(), idempotency_key="hook-1"),
+                             content_type="application/json")
+    assert response.status_code == 200 and seen == ["/push"]
+
+
+def test_a_request_signal_receiver_still_sees_every_push(make_harness: Make) -> None:
+    h = make_harness()
+    seen: list[str] = []
+
+    def started(sender: flask.Flask, **extra: Any) -> None:
+        seen.append(flask.request.path)
+
+    flask.request_started.connect(started, h.app)
+    try:
+        response = h.client.post("/", data=delivery(event(), idempotency_key="sig-1"),
+                                 content_type="application/json")
+    finally:
+        flask.request_started.disconnect(started, h.app)
+    assert response.status_code == 200 and seen == ["/"]
+
+
+def test_flasks_max_content_length_still_applies(make_harness: Make) -> None:
+    h = make_harness()
+    h.app.config["MAX_CONTENT_LENGTH"] = 100
+    response = h.client.post("/", data=delivery(event(), idempotency_key="max-1"),
+                             content_type="application/json")
+    assert response.status_code == 413 and h.store.summaries() == []
+
+
+def test_other_methods_and_paths_are_flasks(make_harness: Make) -> None:
+    h = make_harness(router=Router())
+    assert h.client.get("/").status_code == 405
+    assert h.client.put("/push", data=b"{}").status_code == 405
+    missing = h.client.post("/push/", data=b"{}")
+    assert missing.status_code == 404 and missing.json["error"] == "not_found"
+
+
+def test_a_bug_outside_the_answer_is_a_logged_503_never_a_500(
+        make_harness: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = make_harness()
+    log_stream = capture_logs()
+    service = h.app.extensions["eventbus"]
+
+    def broken(environ: dict[str, Any]) -> Any:
+        raise RuntimeError("a bug of our own")
+
+    monkeypatch.setattr(service, "answer_environ", broken)
+    response = h.client.post("/", data=delivery(event(), idempotency_key="bug-1"),
+                             content_type="application/json")
+    assert response.status_code == 503 and response.json["error"] == "internal"
+    assert "Traceback" not in response.get_data(as_text=True)
+    assert "a bug of our own" in log_stream.getvalue()
