@@ -33,19 +33,18 @@ park count from ``documents.partner_documents`` (issue 30;
 24 on 2026-11-25, 25 before the one-pipeline change, by the same profile)."""
 CALLS_BUDGET = 443
 """Measured 443 on 2026-11-26 with pushes answered by ``PushRoute`` (its call and
-``answer_environ`` instead of Flask's view and ``handle``). 444 on 2026-11-27 with the push's CPU cuts (the claim pipeline written out instead of
-a helper call per field, the intake's documents made once, stamps truncated once, one
-generator holding the claim's lease instead of two). 452
-on 2026-11-27: one call more per push for ``async def`` handlers (issue 32:
-the success half of a handler's run is shared with async ones, ``_ran``); 450
-with issue 31's rebuild: the claim and the finish of a batch became methods of
-their own (``_claim_batch``, ``_store_finishes``) so replay mode swaps the store primitives
-without a second copy of the pipeline (one call each per push). 448 on 2026-11-26 with
-issue 30's clock (the memory store reads its own
-clock for each decision, ``eventbus.clock`` truncates each reading to BSON's grain);
-420 before: 412 after the one-pipeline change (398 before it), then the request scope
-and the store's error rule as classes, the claim's entity holds and the batch relay
-(by the same profile)."""
+``answer_environ`` instead of Flask's view and ``handle``). 444 on 2026-11-27 with the
+push's CPU cuts (the claim pipeline written out instead of a helper call per field, the
+intake's documents made once, stamps truncated once, one generator holding the claim's lease
+instead of two). 452 on 2026-11-27: one call more per push for ``async def`` handlers (issue
+32: the success half of a handler's run is shared with async ones, ``_ran``); 450 with issue
+31's rebuild: the claim and the finish of a batch became methods of their own
+(``_claim_batch``, ``_store_finishes``) so replay mode swaps the store primitives without a
+second copy of the pipeline (one call each per push). 448 on 2026-11-26 with issue 30's
+clock (the memory store reads its own clock for each decision, ``eventbus.clock`` truncates
+each reading to BSON's grain); 420 before: 412 after the one-pipeline change (398 before
+it), then the request scope and the store's error rule as classes, the claim's entity holds
+and the batch relay (by the same profile)."""
 
 
 class Publisher:
