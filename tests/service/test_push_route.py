@@ -37,6 +37,13 @@ def delivery(payload: dict[str, Any] | bytes, message_id: str = "m-1",
                        "subscription": "projects/p/subscriptions/s"}).encode()
 
 
+def noop_router() -> Router:
+    """A router whose ``TEST`` handler does nothing: the pushes here are processed."""
+    routes = Router()
+    routes.handler("TEST")(lambda context: None)
+    return routes
+
+
 def through_flask(app: flask.Flask) -> None:
     """Give ``app`` a request hook that changes nothing: pushes then go through Flask."""
     app.before_request(lambda: None)
@@ -64,6 +71,7 @@ def answer(h: Harness, body: bytes, **environ: str) -> tuple[int, dict[str, str]
 
 def pair(make_harness: Make, **overrides: Any) -> tuple[Harness, Harness]:
     """Two apps alike on stores of their own; the second answers through Flask."""
+    overrides.setdefault("router", noop_router())
     fast, slow = make_harness(**overrides), make_harness(**overrides)
     through_flask(slow.app)
     return fast, slow
@@ -89,6 +97,8 @@ def test_both_routes_give_the_same_answer_and_request_line(make_harness: Make,
     second = answer(slow, BODIES[name])
     slow_lines = request_lines(log_stream)[len(fast_lines):]
     assert first == second
+    if name == "processed":
+        assert json.loads(first[2])["outcome"] == "processed"
     assert first[1]["Content-Type"] == "application/json"
     assert first[1]["X-Request-Id"] == "req-1"
     assert int(first[1]["Content-Length"]) == len(first[2])
@@ -100,6 +110,7 @@ def test_a_duplicate_is_answered_alike(make_harness: Make) -> None:
     body = delivery(event(), idempotency_key="dup-1")
     answers = [answer(h, body) for h in (fast, fast, slow, slow)]
     assert answers[0] == answers[2] and answers[1] == answers[3]
+    assert json.loads(answers[0][2])["outcome"] == "processed"
     assert json.loads(answers[1][2])["outcome"] == "duplicate"
 
 
@@ -148,7 +159,7 @@ def test_hostile_pushes_get_the_same_answer_on_both_routes(make_harness: Make, b
 
 
 def test_a_request_hook_still_sees_every_push(make_harness: Make) -> None:
-    h = make_harness()
+    h = make_harness(router=noop_router())
     seen: list[str] = []
 
     def hook() -> None:
@@ -161,7 +172,7 @@ def test_a_request_hook_still_sees_every_push(make_harness: Make) -> None:
 
 
 def test_a_request_signal_receiver_still_sees_every_push(make_harness: Make) -> None:
-    h = make_harness()
+    h = make_harness(router=noop_router())
     seen: list[str] = []
 
     def started(sender: flask.Flask, **extra: Any) -> None:
@@ -177,7 +188,7 @@ def test_a_request_signal_receiver_still_sees_every_push(make_harness: Make) -> 
 
 
 def test_flasks_max_content_length_still_applies(make_harness: Make) -> None:
-    h = make_harness()
+    h = make_harness(router=noop_router())
     h.app.config["MAX_CONTENT_LENGTH"] = 100
     response = h.client.post("/", data=delivery(event(), idempotency_key="max-1"),
                              content_type="application/json")
@@ -194,7 +205,7 @@ def test_other_methods_and_paths_are_flasks(make_harness: Make) -> None:
 
 def test_a_bug_outside_the_answer_is_a_logged_503_never_a_500(
         make_harness: Make, monkeypatch: pytest.MonkeyPatch) -> None:
-    h = make_harness()
+    h = make_harness(router=noop_router())
     log_stream = capture_logs()
     service = h.app.extensions["eventbus"]
 
@@ -207,3 +218,43 @@ def test_a_bug_outside_the_answer_is_a_logged_503_never_a_500(
     assert response.status_code == 503 and response.json["error"] == "internal"
     assert "Traceback" not in response.get_data(as_text=True)
     assert "a bug of our own" in log_stream.getvalue()
+
+
+def flask_views(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each push Flask's view (``PushService.handle``) answers."""
+    service = h.app.extensions["eventbus"]
+    seen: list[str] = []
+    handle = service.handle
+
+    def recording(request: flask.Request) -> flask.Response:
+        seen.append(request.path)
+        return handle(request)
+
+    monkeypatch.setattr(service, "handle", recording)
+    return seen
+
+
+def test_a_push_skips_flasks_dispatch_unless_the_app_adds_something(
+        make_harness: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = make_harness(router=noop_router())
+    seen = flask_views(h, monkeypatch)
+    body = delivery(event(), idempotency_key="skip-1")
+    assert h.client.post("/", data=body, content_type="application/json").status_code == 200
+    assert seen == []
+    through_flask(h.app)
+    assert h.client.post("/", data=body, content_type="application/json").status_code == 200
+    assert seen == ["/"]
+
+
+def test_a_mounted_console_keeps_pushes_off_flasks_dispatch(
+        make_harness: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    from eventbus.web.console import ConsoleConfig, mount_console
+
+    h = make_harness(router=noop_router())
+    mount_console(h.app, ConsoleConfig(token="local-token-123"))
+    seen = flask_views(h, monkeypatch)
+    body = delivery(event(), idempotency_key="console-1")
+    response = h.client.post("/push", data=body, content_type="application/json")
+    assert response.status_code == 200 and response.json["outcome"] == "processed"
+    assert seen == []  # the console's hooks are its blueprint's: they never run for a push
+    assert h.client.get("/console/").status_code == 401  # and still run for its pages

@@ -141,8 +141,9 @@ class PushRoute:
     still wraps it.
 
     It steps aside, and the request goes through Flask as before, whenever
-    Flask would do more for it: another method or path, a request hook
-    (``before_request``, ``after_request``, teardown, URL processors), a
+    Flask would do more for it: another method or path, an app-wide request
+    hook (``before_request``, ``after_request``, teardown, URL processors; a
+    blueprint's, such as the mounted console's, never runs for a push), a
     receiver of Flask's request or app-context signals, or a
     ``MAX_CONTENT_LENGTH``. So what an application adds to Flask (Sentry,
     OpenTelemetry's Flask instrumentation, its own hooks) still sees pushes.
@@ -159,9 +160,11 @@ class PushRoute:
         app = self.app
         # One expression, no helper: every push asks (test_walk_budget).
         if (environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in self.paths
-                or app.before_request_funcs or app.after_request_funcs
-                or app.teardown_request_funcs or app.url_value_preprocessors
-                or app.teardown_appcontext_funcs
+                # The app's own hooks (key None); a blueprint's (the console's) run only
+                # for its routes, never for a push.
+                or app.before_request_funcs.get(None) or app.after_request_funcs.get(None)
+                or app.teardown_request_funcs.get(None)
+                or app.url_value_preprocessors.get(None) or app.teardown_appcontext_funcs
                 or app.config.get("MAX_CONTENT_LENGTH") is not None
                 or any(map(_RECEIVERS, _FLASK_SIGNALS))):
             return self.flask_wsgi(environ, start_response)
