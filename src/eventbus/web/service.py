@@ -133,7 +133,7 @@ class PushRoute:
     """WSGI middleware: a push straight to ``PushService``, everything else to Flask.
 
     Flask's dispatch around a push (request and app contexts, URL matching,
-    the response object, signals) costs about a fifth of the CPU a push
+    the response object, signals) costs about a tenth of the CPU a push
     spends in the service (bench/handler.py); the service needs none of it,
     since it reads the WSGI environ itself. Hand-written because Flask has no
     lighter route; it is the middleware Flask documents
