@@ -144,10 +144,12 @@ class PushRoute:
     Flask would do more for it: another method or path, an app-wide request
     hook (``before_request``, ``after_request``, teardown, URL processors; a
     blueprint's, such as the mounted console's, never runs for a push), a
-    receiver of Flask's request or app-context signals, or a
-    ``MAX_CONTENT_LENGTH``. So what an application adds to Flask (Sentry,
-    OpenTelemetry's Flask instrumentation, its own hooks) still sees pushes.
-    The answer, its headers and the request line are the same either way.
+    receiver of Flask's request or app-context signals, ``MAX_CONTENT_LENGTH``
+    or ``TRUSTED_HOSTS``, its own ``request_class``, or a push view replaced
+    or wrapped. So what an application adds to Flask (Sentry, OpenTelemetry's
+    Flask instrumentation, its own hooks or auth) still sees pushes. The
+    status line, body, headers and request line are the same either way; a
+    bug of our own that escapes ``answer`` is a logged 503 (a nack) here.
     """
 
     def __init__(self, app: flask.Flask, service: PushService, paths: tuple[str, ...],
@@ -166,15 +168,21 @@ class PushRoute:
                 or app.teardown_request_funcs.get(None)
                 or app.url_value_preprocessors.get(None) or app.teardown_appcontext_funcs
                 or app.config.get("MAX_CONTENT_LENGTH") is not None
+                or app.config.get("TRUSTED_HOSTS") is not None
+                or app.request_class is not flask.Request
+                # The app replaced or wrapped the push view (its own auth, say).
+                or app.view_functions.get("push" + environ["PATH_INFO"]) != self.service.view
                 or any(map(_RECEIVERS, _FLASK_SIGNALS))):
             return self.flask_wsgi(environ, start_response)
         try:
             body, status, headers = self.service.answer_environ(environ)
         except Exception:  # ``answer`` holds every push's errors; this would be our own bug
-            logger.exception("unexpected error answering a push")
-            error, status = status_table.internal_error_response("")
-            body, headers = _ANSWER.encode(error).encode(), {}
-        start_response(f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN')}",
+            request_id = uuid.uuid4().hex
+            logger.exception("unexpected error answering a push", extra={"requestId": request_id})
+            error, status = status_table.internal_error_response(request_id)
+            body, headers = _ANSWER.encode(error).encode(), {"X-Request-Id": request_id}
+        # werkzeug's status line, reason in capitals ("400 BAD REQUEST"), as Flask sends it.
+        start_response(f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}",
                        [("Content-Type", "application/json"),
                         ("Content-Length", str(len(body))), *headers.items()])
         return [body]
