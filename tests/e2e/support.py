@@ -28,6 +28,7 @@ from pymongo.database import Database
 
 from eventbus.model.event import parse_event
 from eventbus.model.keys import record_key
+from eventbus.model.order import entity_key
 from tests.e2e import fault_handlers
 from tests.e2e.harness import E2E_PROJECT, ServiceProcess, unavailable, wait_until
 
@@ -99,6 +100,24 @@ def wrapped_body(payload: Mapping[str, Any], message_id: str, **attributes: str)
         "attributes": attributes,
     }
     return json.dumps({"message": message, "subscription": "projects/p/subscriptions/s"}).encode()
+
+
+def ordered_delivery(event_type: str, entity: str, seq: int, message_id: str,
+                     **data: Any) -> tuple[bytes, str]:
+    """The wrapped push of ``entity``'s event ``seq`` (key ``<entity>-<seq>``), and its record's
+    key; ``data`` joins ``tag`` and ``seq`` in ``entity_data``."""
+    payload = event(event_type, tag=entity, seq=seq, **data)
+    name = f"{entity}-{seq}"
+    return (wrapped_body(payload, message_id, idempotency_key=name),
+            stored_key(payload, {"idempotency_key": name}))
+
+
+def stored_position(db: Database, entity: str) -> Any:
+    """The applied position in the record of ``entity`` (an ``event``'s, by its ``tag``): the
+    framework's, not a handler's."""
+    record = db.partner_events.find_one(
+        {"idempotency_key": entity_key("partner-e2e", "Test", entity)})
+    return (record or {}).get("position")
 
 
 def post(url: str, body: bytes, timeout: float = 30.0) -> tuple[int, dict[str, Any]]:

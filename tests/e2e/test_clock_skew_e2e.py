@@ -38,7 +38,6 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from eventbus.model.order import entity_key
 from handlers.partners import idempotency_header
 from tests.e2e import skew_handlers, support
 from tests.e2e.harness import ClockShift, ServiceProcess, free_port, wait_until
@@ -48,7 +47,6 @@ SHIFT_SECONDS = 600
 LEASE_SECONDS = 10
 RUN_SECONDS = 3.0
 """How long the slow partner call, and each ordered handler, takes."""
-ENTITY = {"partnerId": "partner-e2e", "entity_type": "Test"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,10 +175,8 @@ def test_an_older_ordered_event_during_a_newer_ones_run_changes_nothing(
     entity = f"skew-{uuid.uuid4().hex[:10]}"
 
     def delivery(seq: int, message_id: str) -> tuple[bytes, str]:
-        payload = support.event(skew_handlers.ORDERED, tag=entity, seq=seq, sleep=RUN_SECONDS)
-        name = f"{entity}-{seq}"
-        return (support.wrapped_body(payload, message_id, idempotency_key=name),
-                support.stored_key(payload, {"idempotency_key": name}))
+        return support.ordered_delivery(skew_handlers.ORDERED, entity, seq, message_id,
+                                        sleep=RUN_SECONDS)
 
     newer, newer_key = delivery(5, "m-5")
     older, older_key = delivery(3, "m-3")
@@ -196,7 +192,7 @@ def test_an_older_ordered_event_during_a_newer_ones_run_changes_nothing(
         status, answer = support.post(instances.ahead.url, older)
 
     seen = runs.find_one({"_id": entity}) or {}
-    position = stored_position(mongo_db, entity)
+    position = support.stored_position(mongo_db, entity)
     assert position == 5, (
         f"the entity's stored position is {position}, after seq 5 was applied; "
         f"handler runs: started {seen.get('started')}, finished {seen.get('finished')}")
@@ -212,10 +208,3 @@ def test_an_older_ordered_event_during_a_newer_ones_run_changes_nothing(
     assert (older_record["event_status"], bool(older_record.get("stale"))) == ("SUCCESS", True), \
         older_record
     assert newer_record["event_status"] == "SUCCESS", newer_record
-
-
-def stored_position(db: Database, entity: str) -> Any:
-    """The applied position stored in ``entity``'s record (the framework's, not the handler's)."""
-    record = db.partner_events.find_one(
-        {"idempotency_key": entity_key(ENTITY["partnerId"], ENTITY["entity_type"], entity)})
-    return (record or {}).get("position")

@@ -25,7 +25,6 @@ from pymongo.database import Database
 
 from tests.e2e import skew_handlers, support
 from tests.e2e.harness import ServiceProcess, free_port, group_processes, wait_until
-from tests.e2e.test_clock_skew_e2e import stored_position
 
 LEASE_SECONDS = 4
 RUN_SECONDS = 2.0
@@ -51,10 +50,8 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_resumes(
     entity = f"frozen-{uuid.uuid4().hex[:10]}"
 
     def delivery(seq: int, message_id: str) -> tuple[bytes, str]:
-        payload = support.event(skew_handlers.ORDERED, tag=entity, seq=seq, sleep=RUN_SECONDS)
-        name = f"{entity}-{seq}"
-        return (support.wrapped_body(payload, message_id, idempotency_key=name),
-                support.stored_key(payload, {"idempotency_key": name}))
+        return support.ordered_delivery(skew_handlers.ORDERED, entity, seq, message_id,
+                                        sleep=RUN_SECONDS)
 
     first, key = delivery(5, "m-5")
     redelivery, _ = delivery(5, "m-5-again")
@@ -87,6 +84,6 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_resumes(
     assert older_record is not None and older_record["event_status"] == "SUCCESS", older_record
     assert (older_record["stale"]["position"], older_record["stale"]["applied_position"]) == \
         (4, 5), older_record
-    assert stored_position(mongo_db, entity) == 5
+    assert support.stored_position(mongo_db, entity) == 5
     seen = runs.find_one({"_id": entity}) or {}
     assert seen.get("started") == [5, 5] and sorted(seen.get("finished", [])) == [5, 5], seen
