@@ -67,8 +67,9 @@ def create_app(router: Router, settings: Settings | None = None,
     service.ensure_indexes()
     app = flask.Flask("eventbus")
     app.extensions["eventbus"] = service
-    for path in PUSH_PATHS:
-        app.add_url_rule(path, view_func=service.view, methods=["POST"], endpoint=f"push{path}")
+    endpoints = {path: f"push{path}" for path in PUSH_PATHS}
+    for path, endpoint in endpoints.items():
+        app.add_url_rule(path, view_func=service.view, methods=["POST"], endpoint=endpoint)
     app.add_url_rule("/health", view_func=_health, methods=["GET"])
     app.add_url_rule("/ready", view_func=lambda: _ready(service), methods=["GET"])
     if service.telemetry.metrics_page() is not None:
@@ -76,7 +77,7 @@ def create_app(router: Router, settings: Settings | None = None,
                          methods=["GET"], endpoint="metrics")
     app.register_error_handler(HTTPException, _http_error)
     # Pushes skip Flask's dispatch while the app adds nothing to a request (``PushRoute``).
-    app.wsgi_app = PushRoute(app, service, PUSH_PATHS, app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = PushRoute(app, service, endpoints, app.wsgi_app)  # type: ignore[method-assign]
     return app
 
 

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import io
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,12 +41,11 @@ from starlette.routing import Route
 from werkzeug.exceptions import default_exceptions
 from werkzeug.wsgi import get_content_length
 
-from eventbus.model.errors import PayloadTooLarge
-from eventbus.web.service import PushService
+from eventbus.web.app import PUSH_PATHS
+from eventbus.web.service import PushService, read_body
 
 __all__ = ["asgi_app", "wsgi_environ"]
 
-PUSH_PATHS = ("/", "/push")
 
 
 def asgi_app(app: flask.Flask) -> Starlette:
@@ -57,7 +57,8 @@ def asgi_app(app: flask.Flask) -> Starlette:
     async def push(request: Request) -> Response:
         environ = wsgi_environ(request.scope)
         body = await _body(request, environ, service.settings.max_body_bytes)
-        read = functools.partial(_checked, body, environ)
+        # The body rule of every entry, over what ``_body`` read.
+        read = functools.partial(read_body, get_content_length(environ), io.BytesIO(body))
         answer = await _in_thread(pool, service.answer, environ, read)
         content, status, headers = answer
         return Response(content, status, headers, media_type="application/json")
@@ -131,16 +132,6 @@ async def _body(request: Request, environ: dict[str, Any], limit: int) -> bytes:
         if size > limit:
             break
     return b"".join(chunks)[:limit + 1]
-
-
-def _checked(body: bytes, environ: dict[str, Any], limit: int) -> bytes:
-    """``PushService``'s body reader over what ``_body`` read: the same 413s as WSGI's."""
-    declared = get_content_length(environ)
-    if declared is not None and declared > limit:
-        raise PayloadTooLarge(f"body of {declared} bytes exceeds {limit}")
-    if len(body) > limit:
-        raise PayloadTooLarge(f"body exceeds {limit} bytes")
-    return body
 
 
 async def _in_thread(pool: ThreadPoolExecutor, function: Callable[..., Any], *args: Any) -> Any:

@@ -22,7 +22,7 @@ import logging
 import operator
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import flask
@@ -65,14 +65,14 @@ class PushService:
     def handle(self, request: flask.Request) -> flask.Response:
         """Answer one push request; 2xx acks, anything else makes Pub/Sub retry."""
         # A partial, no frame of its own: a push's walk.
-        read = functools.partial(_read_body, request.content_length, request.stream)
+        read = functools.partial(read_body, request.content_length, request.stream)
         body, status, headers = self.answer(request.environ, read)
         return flask.Response(body, status, headers, mimetype="application/json")
 
     def answer_environ(self, environ: dict[str, Any]) -> tuple[bytes, int, dict[str, str]]:
         """``answer`` for a WSGI environ alone: its body read as Flask's ``request.stream``
         reads it (bounded by its Content-Length; none without one, unless terminated)."""
-        read = functools.partial(_read_body, get_content_length(environ),
+        read = functools.partial(read_body, get_content_length(environ),
                                  get_input_stream(environ))
         return self.answer(environ, read)
 
@@ -152,16 +152,18 @@ class PushRoute:
     bug of our own that escapes ``answer`` is a logged 503 (a nack) here.
     """
 
-    def __init__(self, app: flask.Flask, service: PushService, paths: tuple[str, ...],
+    def __init__(self, app: flask.Flask, service: PushService, endpoints: Mapping[str, str],
                  flask_wsgi: Callable[..., Any]) -> None:
-        self.app, self.service, self.paths, self.flask_wsgi = app, service, paths, flask_wsgi
+        """``endpoints``: each push path and the endpoint ``create_app`` registered it as."""
+        self.app, self.service, self.endpoints = app, service, endpoints
+        self.flask_wsgi = flask_wsgi
 
     def __call__(self, environ: dict[str, Any],
                  start_response: Callable[..., Any]) -> Any:
         """Answer a push here when Flask would add nothing to it; otherwise Flask's answer."""
-        app = self.app
+        app, endpoint = self.app, self.endpoints.get(environ.get("PATH_INFO", ""))
         # One expression, no helper: every push asks (test_walk_budget).
-        if (environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in self.paths
+        if (environ.get("REQUEST_METHOD") != "POST" or endpoint is None
                 # The app's own hooks (key None); a blueprint's (the console's) run only
                 # for its routes, never for a push.
                 or app.before_request_funcs.get(None) or app.after_request_funcs.get(None)
@@ -171,7 +173,7 @@ class PushRoute:
                 or app.config.get("TRUSTED_HOSTS") is not None
                 or app.request_class is not flask.Request
                 # The app replaced or wrapped the push view (its own auth, say).
-                or app.view_functions.get("push" + environ["PATH_INFO"]) != self.service.view
+                or app.view_functions.get(endpoint) != self.service.view
                 or any(map(_RECEIVERS, _FLASK_SIGNALS))):
             return self.flask_wsgi(environ, start_response)
         try:
@@ -204,7 +206,10 @@ def _headers(environ: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def _read_body(declared: int | None, stream: IO[bytes], limit: int) -> bytes:
+def read_body(declared: int | None, stream: IO[bytes], limit: int) -> bytes:
+    """At most ``limit`` bytes of ``stream``, or ``PayloadTooLarge`` when the body declared
+    (``declared``, werkzeug's reading of Content-Length) or read is longer: every entry's
+    body rule (WSGI's, Flask's view's and the ASGI app's)."""
     # werkzeug parses Content-Length (a hostile one, e.g. "²" or 5,000 digits, is None).
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds {limit}")
