@@ -51,11 +51,16 @@ class Harness:
 
     def push(self, event: dict[str, Any] | bytes, message_id: str = "m-1",
              **attributes: str) -> Any:
-        data = event if isinstance(event, bytes) else json.dumps(event).encode()
-        body = {"message": {"data": base64.b64encode(data).decode(), "messageId": message_id,
-                            "attributes": attributes},
-                "subscription": "projects/p/subscriptions/s"}
-        return self.client.post("/", json=body)
+        return self.client.post("/", json=wrapped(event, message_id, **attributes))
+
+
+def wrapped(event: dict[str, Any] | bytes, message_id: str = "m-1",
+            **attributes: str) -> dict[str, Any]:
+    """The wrapped push body Pub/Sub sends for ``event`` (a payload, or its raw bytes)."""
+    data = event if isinstance(event, bytes) else json.dumps(event).encode()
+    return {"message": {"data": base64.b64encode(data).decode(), "messageId": message_id,
+                        "attributes": attributes},
+            "subscription": "projects/p/subscriptions/s"}
 
 
 def event(event_type: str = "TEST", **data: Any) -> dict[str, Any]:

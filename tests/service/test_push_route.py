@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from eventbus.correlation import logs
 from eventbus.model.router import Router
-from tests.service.conftest import Harness, Make, event
+from tests.service.conftest import Harness, Make, event, wrapped
 
 PINNED = {"X-Request-Id": "req-1",
           "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -31,10 +31,7 @@ VARYING = ("timestamp", "duration", "httpRequest")
 
 def delivery(payload: dict[str, Any] | bytes, message_id: str = "m-1",
              **attributes: str) -> bytes:
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return json.dumps({"message": {"data": base64.b64encode(data).decode(),
-                                   "messageId": message_id, "attributes": attributes},
-                       "subscription": "projects/p/subscriptions/s"}).encode()
+    return json.dumps(wrapped(payload, message_id, **attributes)).encode()
 
 
 def noop_router() -> Router:
