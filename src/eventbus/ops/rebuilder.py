@@ -12,9 +12,11 @@ per batch, the handlers in replay mode. Around the batches it keeps:
 * **a checkpoint** in the store (``rebuild_save``: the run document with its
   selection, flags, counts and how far the plan is done), written at most once
   a second and at the end; ``--resume ID`` reads it, plans the same frozen
-  selection again and goes on after its last key. Nothing runs twice even
-  where the checkpoint lags: the claim refuses a record that already has an
-  audit entry of this rebuild;
+  selection again, runs first the keys the run left **unfinished** (busy
+  entity, a lease still held by a dead run, the store away: ``Report.unfinished``,
+  which the checkpoint's last key has passed) and goes on after its last key.
+  Nothing runs twice even where the checkpoint lags: the claim refuses a
+  record that already has an audit entry of this rebuild;
 * **a rate** (``RateLimit``), **a progress line**, and **a report**: counts,
   each failure with its reason, each new child (emitted or not).
 
@@ -276,11 +278,14 @@ class Report:
     total: int = 0
     done: int = 0
     counts: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(
-        ("rebuilt", "failed", "skipped", "already", "busy"), 0))
+        ("rebuilt", "failed", "skipped", "stale", "already", "busy"), 0))
     failures: list[dict[str, str]] = dataclasses.field(default_factory=list)
     new_children: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     skipped: list[dict[str, str]] = dataclasses.field(default_factory=list)
     last_key: str = ""
+    unfinished: list[str] = dataclasses.field(default_factory=list)
+    """Keys passed by ``last_key`` that did not run (counted ``busy``): ``--resume`` runs
+    them again first, so the checkpoint never skips them."""
 
     def add(self, result: Result) -> None:
         """Count one event's result."""
@@ -298,6 +303,10 @@ class Report:
             self.counts["busy"] += 1
             why = result.error or result.outcome.value
             self.failures.append({"key": result.key, "reason": f"not run: {why}"})
+            self.unfinished.append(result.key)
+        elif detail.get("stale") is not None:
+            self.counts["stale"] += 1
+            self.skipped.append({"key": result.key, "reason": str(detail.get("skipped", ""))})
         elif detail.get("skipped") == "already rebuilt by this rebuild":
             self.counts["already"] += 1
         else:
@@ -336,14 +345,20 @@ class Rebuild:
             self.report.counts.update(saved.get("counts") or {})
             self.report.done = int(saved.get("done") or 0)
             self.report.last_key = str(saved.get("last_key") or "")
+            self.report.unfinished = [str(key) for key in saved.get("unfinished") or []]
 
     def run(self, stop_after: int | None = None) -> Report:
         """Run the rest of the plan; ``stop_after`` events (tests: an interruption)."""
-        keys = self._rest(self.source.plan())
+        plan = self.source.plan()
+        keys = self._rest(plan)
+        left = self._left(plan, keys)
         self.report.total = self.report.done + len(keys)
         self._save("running")
         saved_at = self.monotonic()
         ran = 0
+        for chunk in _chunks(left, self.batch):
+            # Before the rest: an entity's older events run before its later ones.
+            self._batch(chunk)
         for chunk in _chunks(keys, self.batch):
             if stop_after is not None and ran >= stop_after:
                 self._save("interrupted")
@@ -372,6 +387,15 @@ class Rebuild:
             return plan[plan.index(last) + 1:]
         self.report.done = 0  # the key is gone (expired): start over; the claims skip done ones
         return plan
+
+    def _left(self, plan: list[str], rest: list[str]) -> list[str]:
+        """The keys an earlier run of this rebuild left unfinished, in plan order, that the
+        rest does not hold; taken off the report's ``unfinished`` and ``busy`` (run again)."""
+        unfinished, ahead = set(self.report.unfinished), set(rest)
+        left = [key for key in plan if key in unfinished and key not in ahead]
+        self.report.unfinished = []
+        self.report.counts["busy"] = max(0, self.report.counts["busy"] - len(unfinished))
+        return left
 
     def _batch(self, keys: Sequence[str]) -> None:
         pairs = self.source.load(keys)

@@ -12,8 +12,11 @@ What differs for the handler (``eventbus.model.replaying``):
   results, no call made twice); ``context.partner(...).call`` is refused
   unless the rebuild allows new calls;
 * a route with ``replay="skip"`` is never run (``skipped``);
-* ordered events run in position order under their entity's hold, but are
-  never stale here and never move the entity's position;
+* ordered events run in position order under their entity's hold and never
+  move the entity's position; one older than the entity's applied position runs
+  only when its lane (the same batch, under the same hold) re-runs the applied
+  event after it, so the entity ends on its applied event's state again; else
+  it is **stale**: not run, an audit entry ``outcome: stale`` (``_rewinds``);
 * children: an emitted key already in the parent's outbox, or already a
   record, is a duplicate; the others are **new**, listed in the audit entry
   and the result, and appended to the outbox (so published) only with
@@ -58,7 +61,8 @@ from eventbus.model.outcome import Outcome
 from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.model.status import Status
-from eventbus.processor.heartbeat import Heartbeat
+from eventbus.processor.heartbeat import Heartbeat, Lease
+from eventbus.processor.ordering import Lane
 from eventbus.processor.pipeline import Clock, Processor
 from eventbus.processor.rejections import brief
 from eventbus.processor.work import Item, Pending, Result
@@ -222,6 +226,35 @@ class ReplayProcessor(Processor):
     def _attempts_used(self, item: Item) -> int:
         return 0  # a rebuild spends no attempt of the event's
 
+    def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
+        if _rewinds(item, lane):
+            item.pending = self._stale(item, lane)
+            return
+        super()._run(item, lease, alone, lane)
+
+    async def _run_async(self, item: Item, lease: Lease, lane: Lane) -> bool:
+        if _rewinds(item, lane):
+            item.pending = self._stale(item, lane)
+            return True
+        return await super()._run_async(item, lease, lane)
+
+    def _stale(self, item: Item, lane: Lane) -> Pending:
+        """An older event whose re-run would leave its entity behind: not run, audited."""
+        assert item.claim is not None and item.located is not None
+        order = item.located.order
+        assert order is not None
+        stale = {"position": order.position, "applied_position": lane.position,
+                 "applied_key": lane.applied_key, "entity_key": order.entity_key}
+        entry = {**self._audit(item), "outcome": "stale", "attempt": item.claim.attempt,
+                 "stale": stale}
+        why = (f"stale: position {order.position!r} is older than the entity's applied "
+               f"{lane.position!r}, which this rebuild does not re-run after it")
+        result = Result(Outcome.DUPLICATE, key=item.key, event_type=item.event_type,
+                        attempt=item.claim.attempt, detail={"skipped": why, "stale": stale})
+        # A new record (from an archive) is stored stale, as a live stale event is.
+        extra = {"stale": stale} if item.key in self._fresh else None
+        return _Rerun(Finish(item.key, item.claim.owner, extra=extra), result, entry=entry)
+
     def _context(self, item: Item) -> Context:
         context = super()._context(item)
         context.replay = self.replay
@@ -348,6 +381,30 @@ def _live(finish: Finish, pending: Pending) -> Finish:
         return Finish(finish.key, finish.owner, error=error, retryable=False, extra=audit)
     return Finish(finish.key, finish.owner, outbox=finish.outbox,
                   extra={**dict(finish.extra or {}), **audit})
+
+
+def _rewinds(item: Item, lane: Lane) -> bool:
+    """True when re-running ``item`` would move its entity's state back behind the
+    applied position: it is older, and its lane re-runs no applied event after it.
+
+    Replay never moves the stored position, so an older event's handler would
+    write an older state under a newer position (issue 39, fault 2). Running
+    it is safe only when the applied event runs again after it, in the same
+    lane under the same hold, so the lane ends on the applied event's state.
+    """
+    if not lane.entity_key or not lane.stale(item):
+        return False
+    later = lane.items[lane.items.index(item) + 1:]
+    return not any(_is_applied(other, lane) for other in later)
+
+
+def _is_applied(item: Item, lane: Lane) -> bool:
+    """True when ``item`` is the entity's applied event (its key, or its position when
+    the entity names no key)."""
+    if lane.applied_key:
+        return item.key == lane.applied_key
+    order = item.located.order if item.located is not None else None
+    return order is not None and order.position == lane.position
 
 
 def _skipped(item: Item, why: str) -> Result:

@@ -1,0 +1,195 @@
+"""Issue 39: a rebuild never rewinds an ordered entity (fault 2), and a resumed rebuild
+finishes what its run left (the unlisted ``--resume`` fault).
+
+On the in-memory store with a fake clock. A crash is a ``BaseException`` raised by a
+wrapped store call, after its write: the process dies between two store writes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from eventbus.model.context import Context
+from eventbus.model.replaying import Replay
+from eventbus.model.router import Router
+from eventbus.ops.rebuilder import Rebuild, Selection, StoredSource, new_run
+from eventbus.processor.replay_mode import ReplayProcessor
+from eventbus.settings import Settings
+from eventbus.store.memory import MemoryEventStore
+from eventbus.store.operator_queries import EventQuery
+from eventbus.testing import FakeClock, LocalBus
+
+LEASE = 60.0
+ENTITY = {"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}
+
+
+class Crash(BaseException):
+    """The process dying (nothing handles a ``BaseException``)."""
+
+
+class World:
+    """The partner app's projection of each order, and every handler run."""
+
+    def __init__(self) -> None:
+        self.projection: dict[str, str] = {}
+        self.runs: list[tuple[str, bool]] = []
+
+    def router(self) -> Router:
+        routes = Router()
+
+        @routes.handler("OR_MGMT", ordered_by="entity_data.n")
+        def on_order(context: Context) -> None:
+            self.runs.append((context.key, context.replay is not None))
+            entity_id = context.event.entity_metadata.entity_id
+            self.projection[entity_id] = str(context.event.entity_data["status"])
+
+        return routes
+
+    def replayed(self, key: str) -> int:
+        return sum(1 for k, replay in self.runs if k == key and replay)
+
+
+def make_bus(world: World) -> LocalBus:
+    clock = FakeClock()
+    settings = Settings(relay_inline=False, lease_seconds=LEASE, order_wait_seconds=0.1)
+    store = MemoryEventStore(lease=dt.timedelta(seconds=LEASE), clock=clock)
+    return LocalBus(world.router(), store, settings=settings, clock=clock)
+
+
+def publish(bus: LocalBus, n: int, status: str, entity_id: str = "o-1") -> str:
+    return bus.publish("OR_MGMT", {"n": n, "status": status},
+                       entity={**ENTITY, "entity_id": entity_id})
+
+
+def job(bus: LocalBus, world: World, *, keys: tuple[str, ...] = (),
+        run: dict[str, Any] | None = None, retries: int = 20, batch: int = 100) -> Rebuild:
+    selection = Selection(EventQuery(event_type="OR_MGMT"), keys)
+    run = run or new_run(by="ops@example", why="bug 42", started=bus.clock(),
+                         selection=selection, flags={})
+    replay = Replay(str(run["rebuild_id"]), "ops@example", "bug 42", bus.clock())
+    processor = ReplayProcessor(bus.store, world.router(), bus.settings, bus.clock, replay,
+                                after_success=bus.relay, sleep=bus.clock.sleep,
+                                monotonic=bus.clock.monotonic)
+    source = StoredSource(bus.store, Selection.from_json(run["selection"]))
+    return Rebuild(bus.store, processor, source, run, sleep=bus.clock.sleep,
+                   monotonic=bus.clock.monotonic, retries=retries, batch=batch)
+
+
+def audits(bus: LocalBus, key: str, rebuild_id: str) -> list[dict[str, Any]]:
+    record = bus.record(key) or {}
+    return [e for e in record.get("replays") or [] if e.get("rebuild") == rebuild_id]
+
+
+def entity_position(bus: LocalBus, key: str) -> Any:
+    record = bus.record(key)
+    assert record is not None
+    entity = bus.store.get(str(record["order"]["entity_key"]))
+    assert entity is not None
+    return entity["position"]
+
+
+def crash_after(store: Any, name: str) -> Callable[[], None]:
+    """Make ``store.<name>`` write, then crash the process, once; return the undo."""
+    original = getattr(store, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        setattr(store, name, original)
+        original(*args, **kwargs)
+        raise Crash(name)
+
+    setattr(store, name, wrapped)
+    return lambda: setattr(store, name, original)
+
+
+# -- fault 2: a window's older event never rewinds its entity --------------------------------
+def test_a_window_holding_only_an_older_event_leaves_the_entity_on_its_applied_state() -> None:
+    """OPERATORS.md's ``--since BAD --until FIX``: event 1 inside, event 2 after the fix."""
+    world = World()
+    bus = make_bus(world)
+    placed = publish(bus, 1, "OR_PLC")
+    delivered = publish(bus, 2, "OR_DLV")
+    assert world.projection == {"o-1": "OR_DLV"} and entity_position(bus, placed) == 2
+    report = job(bus, world, keys=(placed,)).run()
+    assert world.replayed(placed) == 0  # never run: it would rewind the projection
+    assert world.projection == {"o-1": "OR_DLV"} and entity_position(bus, placed) == 2
+    assert report.counts["stale"] == 1 and report.counts["rebuilt"] == 0
+    assert [s["key"] for s in report.skipped] == [placed]
+    (entry,) = audits(bus, placed, report.rebuild_id)
+    assert entry["outcome"] == "stale" and entry["stale"]["applied_position"] == 2
+    assert world.replayed(delivered) == 0
+
+
+def test_an_older_event_runs_when_the_rebuild_re_runs_the_applied_one_after_it() -> None:
+    world = World()
+    bus = make_bus(world)
+    keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
+    report = job(bus, world, keys=tuple(keys)).run()
+    assert [k for k, replay in world.runs if replay] == keys  # both, in position order
+    assert world.projection == {"o-1": "OR_DLV"} and report.counts["rebuilt"] == 2
+    assert report.counts["stale"] == 0
+
+
+def test_an_entity_split_across_batches_never_ends_on_an_older_state() -> None:
+    """Batch 1 holds event 1 alone: the applied event 2 is not in its lane, so it is stale."""
+    world = World()
+    bus = make_bus(world)
+    keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
+    report = job(bus, world, keys=tuple(keys), batch=1).run()
+    assert world.replayed(keys[0]) == 0 and world.replayed(keys[1]) == 1
+    assert world.projection == {"o-1": "OR_DLV"}
+    assert report.counts == {**report.counts, "stale": 1, "rebuilt": 1}
+
+
+# -- the unlisted fault: --resume skips what its run left unfinished -------------------------
+def test_a_resumed_rebuild_finishes_the_events_a_crash_left_leased() -> None:
+    """The first run dies between its claim (rebuild leases written) and its finish. A resume
+    at once meets the dead run's live leases: busy. Before the fix that resume's checkpoint
+    passed them (``last_key`` at the end, ``finished``), so a later ``--resume`` ran nothing
+    and the three selected events were never rebuilt."""
+    world = World()
+    bus = make_bus(world)
+    keys = [publish(bus, 1, "OR_PLC", f"o-{n}") for n in range(1, 4)]
+    first = job(bus, world)
+    undo = crash_after(bus.store, "rebuild_claim_many")
+    with pytest.raises(Crash):
+        first.run()
+    undo()
+    rebuild_id = first.report.rebuild_id
+    early = job(bus, world, run=bus.store.rebuild_get(rebuild_id), retries=1).run()
+    assert early.counts["busy"] == 3 and all(world.replayed(k) == 0 for k in keys)
+    bus.clock.advance(LEASE + 1)  # the dead run's leases lapse
+    late = job(bus, world, run=bus.store.rebuild_get(rebuild_id)).run()
+    assert all(world.replayed(k) == 1 for k in keys)  # each once, none skipped
+    assert all(len(audits(bus, k, rebuild_id)) == 1 for k in keys)
+    assert late.counts["rebuilt"] == 3 and late.counts["busy"] == 0
+    saved = bus.store.rebuild_get(rebuild_id)
+    assert saved is not None and saved["report"]["unfinished"] == []
+    again = job(bus, world, run=saved).run()  # a further resume runs nothing twice
+    assert all(world.replayed(k) == 1 for k in keys) and again.counts["rebuilt"] == 3
+
+
+def test_a_resume_runs_an_event_its_run_passed_while_the_entity_was_busy() -> None:
+    """A batch's event left busy (its entity held) is behind the checkpoint once the
+    next batch is done; the resume runs it, once."""
+    world = World()
+    bus = make_bus(world)
+    keys = [publish(bus, 1, "OR_PLC", f"o-{n}") for n in range(1, 3)]
+    first = job(bus, world, batch=1, retries=0)
+    undo = crash_after(bus.store, "rebuild_claim_many")
+    with pytest.raises(Crash):
+        first.run()  # batch 1's claim leased keys[0]; the process died
+    undo()
+    second = job(bus, world, run=bus.store.rebuild_get(first.report.rebuild_id), batch=1,
+                 retries=0)
+    report = second.run()
+    assert report.counts["busy"] == 1 and world.replayed(keys[1]) == 1
+    saved = bus.store.rebuild_get(report.rebuild_id)
+    assert saved is not None and saved["report"]["last_key"] == keys[1]
+    assert saved["report"]["unfinished"] == [keys[0]]
+    bus.clock.advance(LEASE + 1)
+    job(bus, world, run=saved, batch=1).run()
+    assert world.replayed(keys[0]) == 1 and world.replayed(keys[1]) == 1
