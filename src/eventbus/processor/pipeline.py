@@ -106,10 +106,9 @@ class Clock(Protocol):
 class Processor:
     """Runs batches of deliveries through the state machine against a store and a router."""
 
-    skips_stale = True
-    """An ordered event older than its entity's position is stale, and the position moves
-    with each SUCCESS (a rebuild, ``eventbus.processor.replay_mode``, re-runs old events in order
-    and never moves it)."""
+    moves_position = True
+    """The entity's position moves with each ordered SUCCESS (a rebuild,
+    ``eventbus.processor.replay_mode``, re-runs old events in order and never moves it)."""
 
     def __init__(self, store: ProcessorStore, router: Router, settings: Settings, now: Clock,
                  after_success: AfterSuccess | None = None,
@@ -302,8 +301,9 @@ class Processor:
                 for rest in lane.items[index:]:
                     rest.pending = self.lanes.busy(rest)
                 return
-            if lane.entity_key and self.skips_stale and lane.stale(item):
-                item.pending = stale_pending(item, lane)
+            stale = self._stale(item, lane) if lane.entity_key else None
+            if stale is not None:
+                item.pending = stale
             else:
                 self._run(item, leases[item.key], alone, lane)
 
@@ -317,13 +317,19 @@ class Processor:
                 for rest in lane.items[index:]:
                     rest.pending = self.lanes.busy(rest)
                 return
-            if lane.entity_key and self.skips_stale and lane.stale(item):
-                item.pending = stale_pending(item, lane)
+            stale = self._stale(item, lane) if lane.entity_key else None
+            if stale is not None:
+                item.pending = stale
             elif not await self._run_async(item, leases[item.key], lane):
                 # Shutdown cancelled it: it and the rest of its lane go back, in order.
                 for rest in lane.items[index:]:
                     rest.pending = self._given_back(rest)
                 return
+
+    def _stale(self, item: Item, lane: Lane) -> Pending | None:
+        """What an ordered event older than its entity's applied position stores instead of
+        running (stored SUCCESS as stale), or None to run it; the one place a mode decides."""
+        return stale_pending(item, lane) if lane.stale(item) else None
 
     def _still_held(self, lane: Lane) -> bool:
         """True while the lane's hold holds: confirmed with the store (one round trip) when
@@ -458,7 +464,7 @@ class Processor:
             return
         item.pending = self._success(item, context, carried,
                                      applied_fields(item) if lane.entity_key else None)
-        if lane.entity_key and self.skips_stale:
+        if lane.entity_key and self.moves_position:
             lane.applied(item)
 
     def _attempts_used(self, item: Item) -> int:

@@ -16,7 +16,7 @@ What differs for the handler (``eventbus.model.replaying``):
   move the entity's position; one older than the entity's applied position runs
   only when its lane (the same batch, under the same hold) re-runs the applied
   event after it, so the entity ends on its applied event's state again; else
-  it is **stale**: not run, an audit entry ``outcome: stale`` (``_rewinds``);
+  it is **stale**: not run, an audit entry ``outcome: stale`` (``_stale``);
 * children: an emitted key already in the parent's outbox, or already a
   record, is a duplicate; the others are **new**, listed in the audit entry
   and the result, and appended to the outbox (so published) only with
@@ -61,8 +61,8 @@ from eventbus.model.outcome import Outcome
 from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.model.status import Status
-from eventbus.processor.heartbeat import Heartbeat, Lease
-from eventbus.processor.ordering import Lane
+from eventbus.processor.heartbeat import Heartbeat
+from eventbus.processor.ordering import Lane, stale_pending
 from eventbus.processor.pipeline import Clock, Processor
 from eventbus.processor.rejections import brief
 from eventbus.processor.work import Item, Pending, Result
@@ -132,7 +132,7 @@ class _Rerun(Pending):
 class ReplayProcessor(Processor):
     """The pipeline in replay mode (module docstring); ``rebuild(pairs)`` runs one batch."""
 
-    skips_stale = False
+    moves_position = False
 
     def __init__(self, store: ReplayStore, router: Router, settings: Settings, now: Clock,
                  replay: Replay, **options: Any) -> None:
@@ -226,28 +226,15 @@ class ReplayProcessor(Processor):
     def _attempts_used(self, item: Item) -> int:
         return 0  # a rebuild spends no attempt of the event's
 
-    def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
-        if _rewinds(item, lane):
-            item.pending = self._stale(item, lane)
-            return
-        super()._run(item, lease, alone, lane)
-
-    async def _run_async(self, item: Item, lease: Lease, lane: Lane) -> bool:
-        if _rewinds(item, lane):
-            item.pending = self._stale(item, lane)
-            return True
-        return await super()._run_async(item, lease, lane)
-
-    def _stale(self, item: Item, lane: Lane) -> Pending:
+    def _stale(self, item: Item, lane: Lane) -> Pending | None:
         """An older event whose re-run would leave its entity behind: not run, audited."""
-        assert item.claim is not None and item.located is not None
-        order = item.located.order
-        assert order is not None
-        stale = {"position": order.position, "applied_position": lane.position,
-                 "applied_key": lane.applied_key, "entity_key": order.entity_key}
+        if not _rewinds(item, lane):
+            return None
+        assert item.claim is not None
+        stale = dict((stale_pending(item, lane).finish.extra or {})["stale"])
         entry = {**self._audit(item), "outcome": "stale", "attempt": item.claim.attempt,
                  "stale": stale}
-        why = (f"stale: position {order.position!r} is older than the entity's applied "
+        why = (f"stale: position {stale['position']!r} is older than the entity's applied "
                f"{lane.position!r}, which this rebuild does not re-run after it")
         result = Result(Outcome.DUPLICATE, key=item.key, event_type=item.event_type,
                         attempt=item.claim.attempt, detail={"skipped": why, "stale": stale})
@@ -392,7 +379,7 @@ def _rewinds(item: Item, lane: Lane) -> bool:
     it is safe only when the applied event runs again after it, in the same
     lane under the same hold, so the lane ends on the applied event's state.
     """
-    if not lane.entity_key or not lane.stale(item):
+    if not lane.stale(item):
         return False
     later = lane.items[lane.items.index(item) + 1:]
     return not any(_is_applied(other, lane) for other in later)
