@@ -24,7 +24,6 @@ from eventbus.model.delivery import Delivery
 from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.ops.rebuilder import (
-    ArchiveSource,
     Rebuild,
     Report,
     Selection,
@@ -35,14 +34,8 @@ from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.store.operator_queries import EventQuery
-from eventbus.testing import FakeClock, LocalBus
-
-ENTITY = {"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}
-LEASE = 60.0
-
-
-class Crash(BaseException):
-    """A process dying between two store writes (not an ``Exception``: nothing handles it)."""
+from eventbus.testing import LocalBus
+from tests.rebuild_support import ENTITY, LEASE, Crash, audits, crashing, job, local_bus
 
 
 class World:
@@ -89,37 +82,7 @@ def entity(number: int) -> dict[str, str]:
 
 def make_bus(world: World, *, ordered: bool = False, direct: bool = False,
              lease: float = LEASE) -> LocalBus:
-    clock = FakeClock()
-    settings = Settings(relay_inline=False, lease_seconds=lease, order_wait_seconds=0.1)
-    store = MemoryEventStore(lease=dt.timedelta(seconds=lease), clock=clock)
-    return LocalBus(world.router(ordered=ordered, direct=direct), store, settings=settings,
-                    clock=clock)
-
-
-def job(bus: LocalBus, router: Router, *, keys: tuple[str, ...] = (),
-        query: EventQuery | None = None, run: dict[str, Any] | None = None,
-        archive: Path | None = None, retries: int = 20, **flags: bool) -> Rebuild:
-    selection = Selection(query or EventQuery(event_type="OR_MGMT"), keys)
-    run = run or new_run(by="ops@example", why="probe", started=bus.clock(),
-                         selection=selection, flags=flags,
-                         archive=str(archive) if archive else None)
-    replay = Replay(str(run["rebuild_id"]), "ops@example", "probe", bus.clock(),
-                    new_calls=flags.get("new_calls", False),
-                    emit_new=flags.get("emit_new", False))
-    processor = ReplayProcessor(bus.store, router, bus.settings, bus.clock, replay,
-                                after_success=bus.relay, sleep=bus.clock.sleep,
-                                monotonic=bus.clock.monotonic)
-    source: Any = ArchiveSource(bus.store, str(archive), processor.locate,
-                                selection=selection) if archive else \
-        StoredSource(bus.store, selection)
-    return Rebuild(bus.store, processor, source, run, sleep=bus.clock.sleep,
-                   monotonic=bus.clock.monotonic, retries=retries)
-
-
-def audits(bus: LocalBus, key: str, rebuild_id: str | None = None) -> list[dict[str, Any]]:
-    record = bus.record(key) or {}
-    return [entry for entry in record.get("replays") or []
-            if rebuild_id is None or entry.get("rebuild") == rebuild_id]
+    return local_bus(world.router(ordered=ordered, direct=direct), lease=lease)
 
 
 def published(bus: LocalBus, count: int, **options: Any) -> list[str]:
@@ -281,25 +244,6 @@ def _entity_key(bus: LocalBus, key: str) -> str:
 
 
 # -- a crash between two store writes of a batch ------------------------------------------------
-def crashing(store: Any, name: str, *, after: bool = True,
-             when: Callable[..., bool] = lambda *args: True) -> Callable[[], None]:
-    """Make ``store.<name>`` crash the process once (after its write, or before); undo."""
-    original = getattr(store, name)
-    fired: list[bool] = []
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if fired or not when(*args):
-            return original(*args, **kwargs)
-        fired.append(True)
-        if not after:
-            raise Crash(name)
-        original(*args, **kwargs)
-        raise Crash(name)
-
-    setattr(store, name, wrapped)
-    return lambda: setattr(store, name, original)
-
-
 def test_a_crash_right_after_the_rebuild_claim_runs_each_event_once_on_resume() -> None:
     world = World()
     bus = make_bus(world)

@@ -7,28 +7,14 @@ wrapped store call, after its write: the process dies between two store writes.
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from eventbus.model.context import Context
-from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
-from eventbus.ops.rebuilder import Rebuild, Selection, StoredSource, new_run
-from eventbus.processor.replay_mode import ReplayProcessor
-from eventbus.settings import Settings
-from eventbus.store.memory import MemoryEventStore
-from eventbus.store.operator_queries import EventQuery
-from eventbus.testing import FakeClock, LocalBus
-
-LEASE = 60.0
-ENTITY = {"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}
-
-
-class Crash(BaseException):
-    """The process dying (nothing handles a ``BaseException``)."""
+from eventbus.testing import LocalBus
+from tests.rebuild_support import ENTITY, LEASE, Crash, audits, crashing, job, local_bus
 
 
 class World:
@@ -54,34 +40,12 @@ class World:
 
 
 def make_bus(world: World) -> LocalBus:
-    clock = FakeClock()
-    settings = Settings(relay_inline=False, lease_seconds=LEASE, order_wait_seconds=0.1)
-    store = MemoryEventStore(lease=dt.timedelta(seconds=LEASE), clock=clock)
-    return LocalBus(world.router(), store, settings=settings, clock=clock)
+    return local_bus(world.router())
 
 
 def publish(bus: LocalBus, n: int, status: str, entity_id: str = "o-1") -> str:
     return bus.publish("OR_MGMT", {"n": n, "status": status},
                        entity={**ENTITY, "entity_id": entity_id})
-
-
-def job(bus: LocalBus, world: World, *, keys: tuple[str, ...] = (),
-        run: dict[str, Any] | None = None, retries: int = 20, batch: int = 100) -> Rebuild:
-    selection = Selection(EventQuery(event_type="OR_MGMT"), keys)
-    run = run or new_run(by="ops@example", why="bug 42", started=bus.clock(),
-                         selection=selection, flags={})
-    replay = Replay(str(run["rebuild_id"]), "ops@example", "bug 42", bus.clock())
-    processor = ReplayProcessor(bus.store, world.router(), bus.settings, bus.clock, replay,
-                                after_success=bus.relay, sleep=bus.clock.sleep,
-                                monotonic=bus.clock.monotonic)
-    source = StoredSource(bus.store, Selection.from_json(run["selection"]))
-    return Rebuild(bus.store, processor, source, run, sleep=bus.clock.sleep,
-                   monotonic=bus.clock.monotonic, retries=retries, batch=batch)
-
-
-def audits(bus: LocalBus, key: str, rebuild_id: str) -> list[dict[str, Any]]:
-    record = bus.record(key) or {}
-    return [e for e in record.get("replays") or [] if e.get("rebuild") == rebuild_id]
 
 
 def entity_position(bus: LocalBus, key: str) -> Any:
@@ -92,19 +56,6 @@ def entity_position(bus: LocalBus, key: str) -> Any:
     return entity["position"]
 
 
-def crash_after(store: Any, name: str) -> Callable[[], None]:
-    """Make ``store.<name>`` write, then crash the process, once; return the undo."""
-    original = getattr(store, name)
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        setattr(store, name, original)
-        original(*args, **kwargs)
-        raise Crash(name)
-
-    setattr(store, name, wrapped)
-    return lambda: setattr(store, name, original)
-
-
 # -- fault 2: a window's older event never rewinds its entity --------------------------------
 def test_a_window_holding_only_an_older_event_leaves_the_entity_on_its_applied_state() -> None:
     """OPERATORS.md's ``--since BAD --until FIX``: event 1 inside, event 2 after the fix."""
@@ -113,7 +64,7 @@ def test_a_window_holding_only_an_older_event_leaves_the_entity_on_its_applied_s
     placed = publish(bus, 1, "OR_PLC")
     delivered = publish(bus, 2, "OR_DLV")
     assert world.projection == {"o-1": "OR_DLV"} and entity_position(bus, placed) == 2
-    report = job(bus, world, keys=(placed,)).run()
+    report = job(bus, world.router(), keys=(placed,)).run()
     assert world.replayed(placed) == 0  # never run: it would rewind the projection
     assert world.projection == {"o-1": "OR_DLV"} and entity_position(bus, placed) == 2
     assert report.counts["stale"] == 1 and report.counts["rebuilt"] == 0
@@ -127,7 +78,7 @@ def test_an_older_event_runs_when_the_rebuild_re_runs_the_applied_one_after_it()
     world = World()
     bus = make_bus(world)
     keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
-    report = job(bus, world, keys=tuple(keys)).run()
+    report = job(bus, world.router(), keys=tuple(keys)).run()
     assert [k for k, replay in world.runs if replay] == keys  # both, in position order
     assert world.projection == {"o-1": "OR_DLV"} and report.counts["rebuilt"] == 2
     assert report.counts["stale"] == 0
@@ -138,7 +89,7 @@ def test_an_entity_split_across_batches_never_ends_on_an_older_state() -> None:
     world = World()
     bus = make_bus(world)
     keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
-    report = job(bus, world, keys=tuple(keys), batch=1).run()
+    report = job(bus, world.router(), keys=tuple(keys), batch=1).run()
     assert world.replayed(keys[0]) == 0 and world.replayed(keys[1]) == 1
     assert world.projection == {"o-1": "OR_DLV"}
     assert report.counts == {**report.counts, "stale": 1, "rebuilt": 1}
@@ -153,22 +104,22 @@ def test_a_resumed_rebuild_finishes_the_events_a_crash_left_leased() -> None:
     world = World()
     bus = make_bus(world)
     keys = [publish(bus, 1, "OR_PLC", f"o-{n}") for n in range(1, 4)]
-    first = job(bus, world)
-    undo = crash_after(bus.store, "rebuild_claim_many")
+    first = job(bus, world.router())
+    undo = crashing(bus.store, "rebuild_claim_many")
     with pytest.raises(Crash):
         first.run()
     undo()
     rebuild_id = first.report.rebuild_id
-    early = job(bus, world, run=bus.store.rebuild_get(rebuild_id), retries=1).run()
+    early = job(bus, world.router(), run=bus.store.rebuild_get(rebuild_id), retries=1).run()
     assert early.counts["busy"] == 3 and all(world.replayed(k) == 0 for k in keys)
     bus.clock.advance(LEASE + 1)  # the dead run's leases lapse
-    late = job(bus, world, run=bus.store.rebuild_get(rebuild_id)).run()
+    late = job(bus, world.router(), run=bus.store.rebuild_get(rebuild_id)).run()
     assert all(world.replayed(k) == 1 for k in keys)  # each once, none skipped
     assert all(len(audits(bus, k, rebuild_id)) == 1 for k in keys)
     assert late.counts["rebuilt"] == 3 and late.counts["busy"] == 0
     saved = bus.store.rebuild_get(rebuild_id)
     assert saved is not None and saved["report"]["unfinished"] == []
-    again = job(bus, world, run=saved).run()  # a further resume runs nothing twice
+    again = job(bus, world.router(), run=saved).run()  # a further resume runs nothing twice
     assert all(world.replayed(k) == 1 for k in keys) and again.counts["rebuilt"] == 3
 
 
@@ -178,12 +129,12 @@ def test_a_resume_runs_an_event_its_run_passed_while_the_entity_was_busy() -> No
     world = World()
     bus = make_bus(world)
     keys = [publish(bus, 1, "OR_PLC", f"o-{n}") for n in range(1, 3)]
-    first = job(bus, world, batch=1, retries=0)
-    undo = crash_after(bus.store, "rebuild_claim_many")
+    first = job(bus, world.router(), batch=1, retries=0)
+    undo = crashing(bus.store, "rebuild_claim_many")
     with pytest.raises(Crash):
         first.run()  # batch 1's claim leased keys[0]; the process died
     undo()
-    second = job(bus, world, run=bus.store.rebuild_get(first.report.rebuild_id), batch=1,
+    second = job(bus, world.router(), run=bus.store.rebuild_get(first.report.rebuild_id), batch=1,
                  retries=0)
     report = second.run()
     assert report.counts["busy"] == 1 and world.replayed(keys[1]) == 1
@@ -191,5 +142,5 @@ def test_a_resume_runs_an_event_its_run_passed_while_the_entity_was_busy() -> No
     assert saved is not None and saved["report"]["last_key"] == keys[1]
     assert saved["report"]["unfinished"] == [keys[0]]
     bus.clock.advance(LEASE + 1)
-    job(bus, world, run=saved, batch=1).run()
+    job(bus, world.router(), run=saved, batch=1).run()
     assert world.replayed(keys[0]) == 1 and world.replayed(keys[1]) == 1
