@@ -64,7 +64,7 @@ from eventbus.ops.commands import (
     sweepers,
     verify,
 )
-from eventbus.ops.commands.common import Tools, UsageError, load_app, positive
+from eventbus.ops.commands.common import Tools, UsageError, load_router, positive
 from eventbus.ops.config import OpsSettings, load_env_file
 from eventbus.ops.progress import status_table
 from eventbus.ops.render import safe
@@ -113,7 +113,8 @@ def cmd_status(args: argparse.Namespace, tools: Tools) -> int:
 def cmd_relay(args: argparse.Namespace, tools: Tools) -> int:
     """Run the outbox sweeper once, or every ``--interval`` seconds until interrupted."""
     store = tools.store()
-    relay = Relay(store, tools.publisher(), now=lambda: dt.datetime.now(dt.UTC))
+    # ``published_at`` and the grace are on the store's clock, as every stamp a record holds.
+    relay = Relay(store, tools.publisher(), now=tools.now)
     grace = dt.timedelta(seconds=args.grace)
     return sweeper.repeat(lambda: sweeper.relay_pass(store, relay, grace, verbose=args.once,
                                                      out=tools.out, err=tools.err),
@@ -164,7 +165,9 @@ def parser() -> argparse.ArgumentParser:
     for module in (queries, repair, rebuilding, console, sweepers, public, partner_commands,
                    verify):
         module.add(commands)
-    worker.add(commands, positive, load_app)
+    # The worker's router comes from the same loader as every other --app (its own
+    # router_in then finds the Router as it is).
+    worker.add(commands, positive, load_router)
     return root
 
 

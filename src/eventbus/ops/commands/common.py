@@ -6,14 +6,16 @@ import argparse
 import dataclasses
 import datetime as dt
 import importlib
+import inspect
 import re
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from eventbus.model.delivery import Delivery
+from eventbus.model.router import Router
 from eventbus.ops.config import OpsSettings
-from eventbus.ops.render import to_json
+from eventbus.ops.render import safe, to_json
 from eventbus.ops.replay import routerless
 from eventbus.ops.reports import failed_query
 from eventbus.pubsub.message import MessagePublisher
@@ -39,8 +41,18 @@ class Tools:
     out: TextIO = dataclasses.field(default_factory=lambda: sys.stdout)
     err: TextIO = dataclasses.field(default_factory=lambda: sys.stderr)
     stdin: TextIO = dataclasses.field(default_factory=lambda: sys.stdin)
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    clock: Callable[[], dt.datetime] | None = None
+    """The clock the commands decide on; None (the default) is the store's own (``now``)."""
     _store: Any = None
+
+    def now(self) -> dt.datetime:
+        """The current time on the store's clock, unless a ``clock`` was given.
+
+        Every breaker and redrive time a command writes is compared with the
+        store's clock (REFERENCE.md, "Time"): a host whose clock is off by
+        minutes must not move them.
+        """
+        return self.clock() if self.clock is not None else self.store().now()
 
     def store(self) -> Any:
         """Return the store, opened on first use."""
@@ -149,7 +161,10 @@ def query_of(args: argparse.Namespace) -> EventQuery:
 
 
 def load_app(spec: str) -> Any:
-    """Import ``module:attribute`` (as ``FLASK_APP`` does, from the current directory)."""
+    """Import ``module:attribute`` as it is (as ``FLASK_APP`` does, from the current directory).
+
+    The commands take their router through ``load_router``; this is its import step.
+    """
     module_name, _, attribute = spec.partition(":")
     if "" not in sys.path:
         sys.path.insert(0, "")
@@ -157,26 +172,71 @@ def load_app(spec: str) -> Any:
         module = importlib.import_module(module_name)
         return getattr(module, attribute or "app")
     except (ImportError, AttributeError) as exc:
-        raise UsageError(f"cannot load the app {spec!r}: {exc}") from None
+        raise UsageError(f"cannot load the app {safe(spec)!r}: {exc}") from None
+
+
+APP_FORMS = "a Router, a function returning one, or an app made by eventbus.create_app"
+APP_HELP = f"MODULE:ATTR of {APP_FORMS}"
+"""The help of every command's ``--app`` (one loader, ``load_router``, one wording)."""
+
+
+def load_router(spec: str) -> Router:
+    """The router ``--app MODULE:ATTR`` names, the one loader of every command that takes it.
+
+    ``ATTR`` is a ``Router``, a function returning one (``handlers:create_router``,
+    called with no arguments), or a Flask app made by ``create_app``
+    (``main:app``); a function returning such an app is taken too, as Flask
+    takes a factory. Anything else is a ``UsageError`` (exit 2) naming the three.
+    """
+    found = load_app(spec)
+    if _is_function(found):
+        try:
+            inspect.signature(found).bind()
+        except TypeError as exc:  # a function that needs arguments is not a factory
+            raise UsageError(f"{safe(spec)!r} needs arguments ({exc}); --app names "
+                             f"{APP_FORMS}") from None
+        except ValueError:
+            pass  # no signature to read (a builtin): calling it tells
+        found = found()
+    router = _router_in(found)
+    if router is None:
+        raise UsageError(f"{safe(spec)!r} is {_kind(found)}, not {APP_FORMS}")
+    return router
+
+
+def _is_function(found: Any) -> bool:
+    # A class is callable too (``eventbus:Router`` would build an empty router), and so is
+    # every Flask app (WSGI): neither is a factory.
+    return (callable(found) and not isinstance(found, type)
+            and not isinstance(found, Router) and not hasattr(found, "extensions"))
+
+
+def _router_in(found: Any) -> Router | None:
+    if isinstance(found, Router):
+        return found
+    extensions = getattr(found, "extensions", None)  # a Flask app's; create_app's has ours
+    service = extensions.get("eventbus") if isinstance(extensions, dict) else None
+    router = getattr(getattr(service, "processor", None), "router", None)
+    return router if isinstance(router, Router) else None
+
+
+def _kind(found: Any) -> str:
+    if isinstance(getattr(found, "extensions", None), dict):
+        return "a Flask app without eventbus (not made by create_app)"
+    if isinstance(found, type):
+        return f"the class {found.__name__} itself"
+    return f"a value of type {type(found).__name__}"
 
 
 def locator(spec: str | None, store: Any) -> Callable[[Delivery], Any]:
-    """Return ``locate(delivery)`` of the app ``spec`` (a Flask app or a Router), or a plain one.
+    """Return ``locate(delivery)`` of the app ``spec`` (``load_router``'s forms), or a plain one.
 
     Without an app, keys follow the key rules with no router: events land on
     their own keys, but a cascade step is not recognised as a child.
     """
-    from eventbus.model.router import Router
     from eventbus.processor import Intake
 
     if not spec:
         return routerless(store)  # from eventbus.ops.replay
-    app = load_app(spec)
-    if isinstance(app, Router):
-        return Intake(store, app).locate
-    service = getattr(app, "extensions", {}).get("eventbus")
-    if service is None:
-        raise UsageError(f"{spec!r} is neither an eventbus Flask app nor a Router")
-    found: Callable[[Delivery], Any] = service.processor.locate
-    return found
-
+    # An app's own processor locates with this same Intake, on its store.
+    return Intake(store, load_router(spec)).locate

@@ -22,7 +22,7 @@ import argparse
 import secrets
 from typing import Any
 
-from eventbus.ops.commands.common import Tools, locator, positive
+from eventbus.ops.commands.common import APP_HELP, Tools, locator, positive
 from eventbus.settings import SettingsError
 
 HOST = "127.0.0.1"
@@ -35,7 +35,7 @@ def add(commands: Any) -> None:
     console.add_argument("--host", default=HOST,
                          help="interface to bind (iap/oidc only; local is 127.0.0.1)")
     console.add_argument("--read-only", action="store_true", help="hide and refuse replay")
-    console.add_argument("--app", help="MODULE:ATTR of the service app (default $EVENTBUS_APP)")
+    console.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
     console.set_defaults(run=cmd_console)
 
 

@@ -24,9 +24,15 @@ from eventbus.contracts import files
 from eventbus.model.contract import ContractError
 from eventbus.model.errors import EventBusError
 from eventbus.model.router import Router
-from eventbus.ops.commands.common import Tools, UsageError, load_app, positive, wait_seconds
+from eventbus.ops.commands.common import (
+    APP_HELP,
+    Tools,
+    UsageError,
+    load_router,
+    positive,
+    wait_seconds,
+)
 from eventbus.ops.render import safe, table
-from eventbus.workers.command import router_in
 
 
 def add(commands: Any) -> None:
@@ -34,7 +40,7 @@ def add(commands: Any) -> None:
     contracts = commands.add_parser("contracts", help="public contract files: write or check")
     contracts.add_argument("action", choices=("write", "check"))
     contracts.add_argument("--app", default="main:app",
-                           help="the service app, a Router, or a function returning one")
+                           help=f"{APP_HELP} (default main:app)")
     contracts.add_argument("--dir", type=Path, default=Path("docs/contracts"),
                            help="where the contract files live (default docs/contracts)")
     contracts.set_defaults(run=cmd_contracts)
@@ -56,13 +62,9 @@ def router_of(spec: str) -> Router:
     own rules apply.
     """
     try:
-        found = router_in(load_app(spec))
+        return load_router(spec)
     except ContractError as exc:
         raise UsageError(f"the app's public topics are refused: {exc}") from None
-    if found is None:
-        raise UsageError(f"{spec!r} is not an eventbus app, a Router, or a function of none "
-                         "returning one")
-    return found
 
 
 def cmd_contracts(args: argparse.Namespace, tools: Tools) -> int:

@@ -25,10 +25,11 @@ from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.ops import jsonfile
 from eventbus.ops.commands.common import (
+    APP_HELP,
     Tools,
     UsageError,
     add_json,
-    load_app,
+    load_router,
     positive,
     rate,
     since,
@@ -83,8 +84,7 @@ def add(commands: Any) -> None:
                          help="store and publish the children that are new")
     rebuild.add_argument("--forward", action="store_true",
                          help="publish the public-topic forwards again")
-    rebuild.add_argument("--app", help="MODULE:ATTR of the service app or Router "
-                                       "(default $EVENTBUS_APP)")
+    rebuild.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
     add_json(rebuild)
     rebuild.set_defaults(run=cmd_rebuild)
 
@@ -318,11 +318,4 @@ def _router(args: argparse.Namespace, tools: Tools) -> Router:
     spec = args.app or tools.ops.app
     if not spec:
         raise UsageError("rebuild needs the app's handlers: --app MODULE:ATTR or $EVENTBUS_APP")
-    app = load_app(spec)
-    if isinstance(app, Router):
-        return app
-    service = getattr(app, "extensions", {}).get("eventbus")
-    router = getattr(getattr(service, "processor", None), "router", None)
-    if not isinstance(router, Router):
-        raise UsageError(f"{safe(spec)!r} is neither an eventbus Flask app nor a Router")
-    return router
+    return load_router(spec)

@@ -10,6 +10,7 @@ from typing import Any
 
 from eventbus.ops import correct, jsonfile
 from eventbus.ops.commands.common import (
+    APP_HELP,
     Tools,
     UsageError,
     add_filters,
@@ -42,7 +43,7 @@ def add(commands: Any) -> None:
     replay.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     replay.add_argument("--rate", type=rate, default=5.0,
                         help="at most N events per second, e.g. 5/s (default 5/s)")
-    replay.add_argument("--app", help="MODULE:ATTR of the service app (default $EVENTBUS_APP)")
+    replay.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
     add_json(replay)
     replay.set_defaults(run=cmd_replay)
     queue = commands.add_parser("dlq", help="the dead-letter subscription")
@@ -54,7 +55,7 @@ def add(commands: Any) -> None:
     drain.add_argument("--wait", type=wait_seconds, default=10.0,
                        help="seconds an empty subscription is waited on before the drain "
                             "ends (default 10)")
-    drain.add_argument("--app", help="MODULE:ATTR of the service app (default $EVENTBUS_APP)")
+    drain.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
     add_json(drain)
     drain.set_defaults(run=cmd_drain)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eventbus.ops.commands.common import Tools, locator, positive
+from eventbus.ops.commands.common import APP_HELP, Tools, locator, positive
 from eventbus.workers.redrive import Redriver
 from eventbus.workers.sweeper import redrive_pass, repeat
 
@@ -24,7 +24,7 @@ def add(commands: Any) -> None:
                          help="seconds between passes (default 60)")
     redrive.add_argument("--limit", type=positive, default=500,
                          help="records per pass (default 500)")
-    redrive.add_argument("--app", help="MODULE:ATTR of the service app (default $EVENTBUS_APP)")
+    redrive.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
     redrive.set_defaults(run=cmd_redrive)
 
 

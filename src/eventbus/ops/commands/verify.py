@@ -40,11 +40,12 @@ from typing import Any
 
 from eventbus.model.router import Router
 from eventbus.ops.commands.common import (
+    APP_HELP,
     Tools,
     UsageError,
     add_json,
     duration,
-    load_app,
+    load_router,
     positive,
     since,
 )
@@ -65,7 +66,6 @@ from eventbus.ops.verify.from_archive import (
     select_archived,
 )
 from eventbus.store.operator_queries import EventQuery, matches
-from eventbus.workers.command import router_in
 
 DEFAULT_APP = "handlers:create_router"
 SUCCESS = ("SUCCESS",)
@@ -77,8 +77,7 @@ def add(commands: Any) -> None:
     verify = commands.add_parser("verify", help="run stored (or archived) events through the "
                                                 "current code in a sandbox; exit 1 if they emit "
                                                 "otherwise")
-    verify.add_argument("--app", help="MODULE:ATTR of the app's Router, a function returning "
-                                      "one, or a create_app app (default $EVENTBUS_APP, else "
+    verify.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP, else "
                                       f"{DEFAULT_APP})")
     source = verify.add_mutually_exclusive_group()
     source.add_argument("--sample", type=Path, help="a recorded sample (JSON lines) instead "
@@ -160,12 +159,8 @@ def from_archive(args: argparse.Namespace, tools: Tools, router: Router) -> Repo
 
 
 def app_router(spec: str) -> Router:
-    """The router ``--app`` names (as ``eventbus worker`` loads it); ``UsageError`` if none."""
-    router = router_in(load_app(spec))
-    if router is None:
-        raise UsageError(f"{spec!r} is not a Router, a function returning one, "
-                         "or an app made by eventbus.create_app")
-    return router
+    """The router ``--app`` names (``load_router``, as every command); ``UsageError`` if none."""
+    return load_router(spec)
 
 
 def query(args: argparse.Namespace) -> EventQuery:

@@ -99,8 +99,9 @@ def mount_console(app: flask.Flask, config: ConsoleConfig, *, url_prefix: str = 
                   now: Callable[[], datetime] | None = None) -> flask.Flask:
     """Add the console to a service app from ``create_app`` at ``url_prefix``; return the app."""
     service = app.extensions["eventbus"]
+    # The service's own clock (the store's, unless its app was given another).
     console = _console(service.store, config, service.settings, publisher,
-                       service.processor.locate, now)
+                       service.processor.locate, now or service.processor.now)
     console.partners = service.processor.partners
     _register(app, console, url_prefix)
     return app
@@ -121,7 +122,7 @@ def serve(app: flask.Flask, host: str, port: int) -> None:
 def _console(store: Any, config: ConsoleConfig, settings: Settings | None,
              publisher: Callable[[], MessagePublisher] | None, locate: Locator | None,
              now: Callable[[], datetime] | None) -> Console:
-    from eventbus.web.app import default_publisher, utcnow
+    from eventbus.web.app import default_publisher
 
     settings = settings or Settings.from_env()
     built: list[MessagePublisher] = []
@@ -131,8 +132,10 @@ def _console(store: Any, config: ConsoleConfig, settings: Settings | None,
             built.append(default_publisher(settings))
         return built[0]
 
+    # The store's clock by default: a breaker closed or an event replayed from a host
+    # whose clock is off must not move its times (REFERENCE.md, "Time").
     return Console(store, settings, config, publisher or lazy, locate or routerless(store),
-                   now or utcnow, _verifier(config))
+                   now or store.now, _verifier(config))
 
 
 def _verifier(config: ConsoleConfig) -> Any:
