@@ -127,7 +127,8 @@ class Processor:
                                  sleep=sleep, monotonic=monotonic)
         self.intake, self.rejections = Intake(store, router), Rejections(store, now)
         self.lanes = Lanes(store, now, settings.order_wait_seconds, sleep=sleep,
-                           redrive_after=timedelta(seconds=settings.redrive_after_seconds))
+                           redrive_after=timedelta(seconds=settings.redrive_after_seconds),
+                           monotonic=monotonic)
         self._monotonic = monotonic
         self.concurrency = max(1, concurrency)
         self._pool: ThreadPoolExecutor | None = None
@@ -213,11 +214,15 @@ class Processor:
                     assert item.located is not None and item.located.error is not None
                     item.result = self.rejections.reject(item.located, item.located.error)
 
-    def _claim(self, items: list[Item]) -> tuple[list[Item], EntityHolds | None]:
+    def _claim(self, items: list[Item]) -> tuple[list[Item], EntityHolds | None, float]:
+        """The claimed items, the entities the claim held, and when its round trip began
+        (this process's monotonic clock): the holds' age, which a lane's first event's
+        confirmation counts from (a pause between the claim and the lane counts)."""
         wanted = [item for item in items
                   if item.result is None and item.leader is None and item.routed]
         if not wanted:
-            return [], None
+            return [], None, 0.0
+        claimed_at = self._monotonic()
         with self._around("claim", wanted) if self.middleware else _NOTHING:
             batch = self._claim_batch(wanted)
         for item in wanted:
@@ -225,7 +230,7 @@ class Processor:
             if item.claim is None:
                 item.result = self._not_taken(item, batch.records.get(item.key),
                                               item.key in batch.refused)
-        return [item for item in wanted if item.claim is not None], batch.holds
+        return [item for item in wanted if item.claim is not None], batch.holds, claimed_at
 
     def _claim_batch(self, wanted: list[Item]) -> BatchClaim:
         """One ``claim_many`` for ``wanted`` (replay mode leases SUCCESS records instead)."""
@@ -246,7 +251,8 @@ class Processor:
             return self.rejections.conflict(item.located, record)
         return existing(record, item.located)
 
-    def _handle(self, claimed: list[Item], holds: EntityHolds | None, alone: bool) -> None:
+    def _handle(self, claimed: list[Item], holds: EntityHolds | None, claimed_at: float,
+                alone: bool) -> None:
         if not claimed:
             return
         ordered = any(item.located is not None and item.located.order for item in claimed)
@@ -254,13 +260,15 @@ class Processor:
         # The claims are renewed from here on, so a wait for a busy entity
         # (``order_wait_seconds``) never outlasts them.
         with self.heartbeat.hold(owners) as leases:
-            lanes = self.lanes.of(claimed, holds) if ordered else \
+            lanes = self.lanes.of(claimed, holds, claimed_at) if ordered else \
                 [Lane([item]) for item in claimed]
             entities = {lane.entity_key: lane.owner for lane in lanes if lane.entity_key}
             # Unordered lanes hold no entity: nothing to keep (and nothing on a plain push).
             with self.heartbeat.holding(entities) if entities else _NO_HOLDS as held:
+                # ``lane.confirmed`` stays when the hold was taken (``Lanes.of``): counted
+                # from here, a pause since the claim would skip the first confirmation.
                 for lane in lanes:
-                    lane.hold, lane.confirmed = held.get(lane.entity_key), self._monotonic()
+                    lane.hold = held.get(lane.entity_key)
                 self._run_lanes(lanes, leases, alone)
             self._finish(claimed, [lane.release() for lane in lanes if lane.entity_key])
 
