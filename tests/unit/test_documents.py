@@ -319,7 +319,15 @@ def test_a_hold_holds_a_new_entity_or_a_free_one_not_ahead() -> None:
     assert not documents.holdable({"position": 6}, 5)
     assert not documents.holdable({"holder": {"owner": "o", "until": NOW}}, 5)
     held = documents.hold_filter("entity:x", 5)
-    assert held["holder"] == {"$exists": False} and {"position": {"$lte": 5}} in held["$or"]
+    assert held["holder"] == {"$exists": False}
+    # An untagged position (stored before kinds were) is held as before; a kind only
+    # when it is the take's (issue 39, fault 8).
+    assert {"position": {"$lte": 5}, "position_kind": {"$exists": False}} in held["$or"]
+    assert {"position": {"$lte": 5}, "position_kind": "time"} in \
+        documents.hold_filter("entity:x", 5, "time")["$or"]
+    assert documents.holdable({"position": 5, "position_kind": "time"}, 5, "time")
+    assert not documents.holdable({"position": 5, "position_kind": "time"}, 5, "number")
+    assert not documents.holdable({"position": 5, "position_kind": "time"}, 5)  # a mixed take
     assert held["orphan"] is None  # an entity with orphans is taken the full way
     assert not documents.holdable({"orphan": {"keys": ["k"], "positions": [1]}}, 5)
     [update] = documents.hold_update({"partnerId": "p"}, "o", NOW, timedelta(seconds=30),

@@ -57,6 +57,7 @@ from eventbus.guard import ReplayGuard
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
 from eventbus.model.forward import is_forward
+from eventbus.model.order import PositionKindMismatch
 from eventbus.model.outcome import Outcome
 from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
@@ -227,7 +228,14 @@ class ReplayProcessor(Processor):
         return 0  # a rebuild spends no attempt of the event's
 
     def _stale(self, item: Item, lane: Lane) -> Pending | None:
-        """An older event whose re-run would leave its entity behind: not run, audited."""
+        """An older event whose re-run would leave its entity behind: not run, audited.
+
+        One whose position is of another kind than the entity's cannot be ordered
+        at all: not run either, audited as failed with the reason (a new record:
+        stored FAILED for good, as live)."""
+        why = lane.mismatched(item)
+        if why is not None:
+            return self._failure(item, PositionKindMismatch(why))
         if not _rewinds(item, lane):
             return None
         assert item.claim is not None

@@ -116,6 +116,9 @@ class EntityTake:
     """``{partnerId, entity_type, entity_id}``, stored with a new entity record."""
     keys: tuple[str, ...]
     positions: tuple[Any, ...]
+    kind: str = ""
+    """The kind all ``positions`` share (``eventbus.model.order``), "" when mixed: a hold
+    in the claim then holds only an entity with no applied position."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +155,9 @@ class EntityRelease:
     position: Any = None
     applied_key: str = ""
     orphan: Mapping[str, Sequence[Any]] | None = None
+    kind: str = ""
+    """The kind of ``position``, stored beside it; the position moves only over an
+    applied one of the same kind (or one stored untagged, before kinds were)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,7 +81,7 @@ class MemoryBatchMixin:
             for key, take in takes.items():
                 record = self._events.get(key)
                 if any(k in batch.taken for k in take.keys) and \
-                        documents.holdable(record, min(take.positions)):
+                        documents.holdable(record, min(take.positions), take.kind):
                     fields = documents.held_record(key, take.entity, owner, now, self._lease,
                                                    take.keys, take.positions)
                     self._events.setdefault(key, {}).update(fields)
@@ -179,7 +179,8 @@ class MemoryBatchMixin:
         record = self._events.get(release.entity_key)
         if record is None or not documents.held_by(record, release.owner, self.now()):
             return False
-        documents.released(record, now, release.position, release.applied_key, release.orphan)
+        documents.released(record, now, release.position, release.applied_key, release.orphan,
+                           release.kind)
         return True
 
     def renew_many(self, owners: Mapping[str, str], now: datetime) -> set[str]:

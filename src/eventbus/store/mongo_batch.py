@@ -195,7 +195,7 @@ class MongoBatchMixin:
     def _hold_one(self, entity_key: str, take: EntityTake, owner: str,
                   now: datetime) -> UpdateOne:
         """The conditional upsert that holds one entity (``documents.hold_filter``)."""
-        return UpdateOne(documents.hold_filter(entity_key, min(take.positions)),
+        return UpdateOne(documents.hold_filter(entity_key, min(take.positions), take.kind),
                          documents.hold_update(take.entity, owner, now, self._lease, take.keys,
                                                take.positions, self._shift), upsert=True)
 
@@ -226,7 +226,7 @@ class MongoBatchMixin:
                   for f in finishes]
         writes += [UpdateOne(documents.holder_filter(r.entity_key, r.owner),
                              documents.release_update(now, r.position, r.applied_key, r.orphan,
-                                                      self._shift))
+                                                      self._shift, r.kind))
                    for r in releases]
         with unavailable("finish batch", "batch"):
             matched, refused = _bulk(self._collection, writes, modified=True)

@@ -9,6 +9,8 @@ it rides in the same bulk write as its events' finish: one round trip), under
     record_type       "entity"
     entity            {partnerId, entity_type, entity_id}
     position          the applied position (absent until one event applied)
+    position_kind     its kind, "number" or "time" (absent on records stored before
+                      kinds were: such a position compares with either kind, once)
     applied_key       the idempotency key of the event applied at it
     applied_at        BSON date of that SUCCESS
     holder            {owner, until, keys, positions} while a batch holds the entity
@@ -24,12 +26,17 @@ already there, so two crashes in a row lose nothing. A release
 (``release_update``) is fenced (it matches only while its owner's hold
 holds on the store's clock), moves the position only forward (a ``$max``),
 and keeps the orphan keys whose records its holder did not see finished.
+The position moves only over one of its own kind (``position_kind``, or an
+untagged one): a number and a time are never ordered against each other, in
+the store as in the lane (``eventbus.model.order.mismatch``).
 
 A **hold** (``hold_filter`` / ``hold_update``, an upsert) is the take's cheap
 form, for the common cases only, sent in the claim's own write command: it
 inserts a new entity held, or holds an existing one that nobody holds and
-whose applied position is at most the lowest position of the take (so none
-of the take's events is stale, and no orphan exists: a release unsets both).
+whose applied position is at most the lowest position of the take and of
+the take's one kind, or untagged (so none of the take's events is stale or
+of another kind, and no orphan exists: a release unsets both). A take of
+mixed kinds holds this way only an entity with no position or an untagged one.
 Any other entity (held, expired holder, ahead) makes the upsert's insert fail
 on the unique key, and is taken the full way (``take_pipeline``) after.
 """
@@ -114,24 +121,30 @@ def take_pipeline(entity: Mapping[str, Any], owner: str, now: datetime, lease: t
             {"$unset": ["__eventbus_free"]}]
 
 
-def hold_filter(entity_key: str, lowest: Any) -> dict[str, Any]:
-    """Match the entity only when nobody holds it and its position is at most ``lowest``.
+def hold_filter(entity_key: str, lowest: Any, kind: str = "") -> dict[str, Any]:
+    """Match the entity only when nobody holds it and its position is at most ``lowest``,
+    untagged or of ``kind`` (the take's one kind; "" when mixed: untagged only).
 
     Not an equality on the key alone, so a store never retries the upsert's
     duplicate key (MongoDB retries only queries of equalities on exactly the
     unique index's fields): the error is the answer "not held by this hold".
     """
+    # The lane never sees a held record's position (``held_record``), so it must be
+    # one every event of the take compares with: untagged, or of the take's one kind.
+    below = [{"position": {"$lte": lowest}, "position_kind": {"$exists": False}},
+             *([{"position": {"$lte": lowest}, "position_kind": kind}] if kind else [])]
     return {"idempotency_key": entity_key, "holder": {"$exists": False}, "orphan": None,
-            "$or": [{"position": {"$exists": False}}, {"position": {"$lte": lowest}}]}
+            "$or": [{"position": {"$exists": False}}, *below]}
 
 
-def holdable(record: Mapping[str, Any] | None, lowest: Any) -> bool:
+def holdable(record: Mapping[str, Any] | None, lowest: Any, kind: str = "") -> bool:
     """True when a hold holds the entity of ``record`` (None: new). Mirrors ``hold_filter``."""
     if record is None:
         return True
     position = record.get("position")
     return "holder" not in record and record.get("orphan") is None and \
-        (position is None or position <= lowest)
+        (position is None or (position <= lowest and (
+            "position_kind" not in record or (bool(kind) and record["position_kind"] == kind))))
 
 
 def hold_update(entity: Mapping[str, Any], owner: str, now: datetime, lease: timedelta,
@@ -185,20 +198,25 @@ def hold_renewal(lease: timedelta, shift: Shift | None = None) -> list[dict[str,
 
 def release_update(now: datetime, position: Any = None, applied_key: str = "",
                    orphan: Mapping[str, Sequence[Any]] | None = None,
-                   shift: Shift | None = None) -> list[dict[str, Any]]:
+                   shift: Shift | None = None, kind: str = "") -> list[dict[str, Any]]:
     """Free the entity; with ``applied_key``, store ``position`` as applied unless one is ahead.
 
     The position only moves forward (a newer SUCCESS another holder stored
-    stays); ``orphan``: the orphan keys whose records the holder did not see
-    finished, kept for the next holder (None or empty: none left).
+    stays), and only over one of ``kind`` (or untagged; ``kind`` "": untagged
+    too), which it then tags; ``orphan``: the orphan keys whose records the
+    holder did not see finished, kept for the next holder (None or empty: none left).
     """
     done: dict[str, Any] = {"lastUpdatedTime": epoch_ms(now)}
     if applied_key:
+        # BSON orders a number and a date-like number alike: the kind says which is which.
+        same: Any = {"$in": [{"$ifNull": ["$position_kind", ""]}, ["", kind]]} if kind else True
         ahead = {"$or": [{"$eq": [{"$ifNull": ["$position", None]}, None]},
-                         {"$gt": [{"$literal": position}, "$position"]}]}
+                         {"$and": [same, {"$gt": [{"$literal": position}, "$position"]}]}]}
         done.update({"position": {"$cond": [ahead, {"$literal": position}, "$position"]},
                      "applied_key": {"$cond": [ahead, applied_key, "$applied_key"]},
                      "applied_at": {"$cond": [ahead, bson_time(now), "$applied_at"]}})
+        if kind:
+            done["position_kind"] = {"$cond": [ahead, kind, "$position_kind"]}
     left = orphan if orphan and orphan.get("keys") else None
     if left is not None:
         done["orphan"] = {"$literal": {"keys": list(left["keys"]),
@@ -209,12 +227,16 @@ def release_update(now: datetime, position: Any = None, applied_key: str = "",
 
 
 def released(record: dict[str, Any], now: datetime, position: Any = None,
-             applied_key: str = "", orphan: Mapping[str, Sequence[Any]] | None = None) -> None:
+             applied_key: str = "", orphan: Mapping[str, Sequence[Any]] | None = None,
+             kind: str = "") -> None:
     """Apply ``release_update`` to ``record`` in place (the in-memory store's form)."""
     record["lastUpdatedTime"] = epoch_ms(now)
     current = record.get("position")
-    if applied_key and (current is None or position > current):
+    same = not kind or record.get("position_kind", "") in ("", kind)
+    if applied_key and (current is None or (same and position > current)):
         record.update(position=position, applied_key=applied_key, applied_at=bson_time(now))
+        if kind:
+            record["position_kind"] = kind
     record.pop("holder", None)
     if orphan and orphan.get("keys"):
         record["orphan"] = {"keys": list(orphan["keys"]),
