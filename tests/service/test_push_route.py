@@ -3,7 +3,9 @@
 The same request gets the same status, body, headers and request line
 whether ``PushRoute`` answers it or Flask does (forced here by a no-op
 ``before_request`` hook, one of the things that make it step aside); hostile
-bodies and headers included.
+bodies, headers and hosts included, and an app's own sessions and response class
+(issue 39 fault 6). The header cases a client cannot send (CR or LF in a value)
+are sent raw to a real server in ``test_push_route_raw.py``.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import base64
 import io
 import json
+import string
 from typing import Any
 
 import flask
 import pytest
-from hypothesis import HealthCheck, given, settings
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface, SessionInterface
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eventbus.correlation import logs
@@ -126,6 +130,10 @@ def test_a_hostile_content_length_gets_the_same_answer(make_harness: Make,
 
 
 HOSTILE_TEXT = st.text(st.characters(codec="utf-16", exclude_categories=()), max_size=40)
+HEADER_TEXT = st.text(st.characters(codec="utf-16", exclude_categories=(),
+                                    exclude_characters="\r\n"), max_size=40)
+"""Hostile header text a client can send: anything but CR and LF, which end a header line
+(werkzeug's test client refuses them; ``test_push_route_raw.py`` sends them raw)."""
 HOSTILE_BODY = st.one_of(
     st.binary(max_size=300),
     st.recursive(st.none() | st.booleans() | st.integers(min_value=-2**80, max_value=2**80)
@@ -141,7 +149,7 @@ HOSTILE_BODY = st.one_of(
 
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=HOSTILE_BODY, request_id=HOSTILE_TEXT)
+@given(body=HOSTILE_BODY, request_id=HEADER_TEXT)
 def test_hostile_pushes_get_the_same_answer_on_both_routes(make_harness: Make, body: bytes,
                                                            request_id: str) -> None:
     fast, slow = pair(make_harness)
@@ -294,3 +302,131 @@ def test_a_mounted_console_keeps_pushes_off_flasks_dispatch(
     assert response.status_code == 200 and response.json["outcome"] == "processed"
     assert seen == []  # the console's hooks are its blueprint's: they never run for a push
     assert h.client.get("/console/").status_code == 401  # and still run for its pages
+
+
+LABEL = st.text(string.ascii_letters + string.digits + "-_", max_size=70)
+HOSTILE_HOST = st.one_of(
+    st.lists(LABEL, min_size=1, max_size=4).map(".".join),  # DNS labels: long, empty, odd
+    st.builds("{}:{}".format, st.lists(LABEL, min_size=1, max_size=3).map(".".join),
+              st.integers(min_value=0, max_value=99999)),
+    # What a WSGI server makes of any header bytes: latin-1 text, never CR or LF.
+    st.text(st.characters(codec="latin-1", exclude_characters="\r\n"), max_size=80),
+)
+REFUSED_HOSTS = {"64-character label": "a" * 64 + ".example.com", "empty label": "a..b",
+                 "leading dot": ".example.com", "300 characters": "x" * 300}
+"""Hosts Flask's URL adapter refuses (werkzeug's ``BadHost``): Flask's path answers 400."""
+
+
+def host_answers(make_harness: Make, host: str) -> list[tuple[Any, ...]]:
+    """Each route's answer and request lines to one processable push from ``host``."""
+    fast, slow = pair(make_harness)
+    log_stream = capture_logs()
+    answers: list[tuple[Any, ...]] = []
+    for h in (fast, slow):
+        before = len(request_lines(log_stream))
+        reply = answer(h, delivery(event(), idempotency_key="host-k"), HTTP_HOST=host)
+        answers.append((*reply, request_lines(log_stream)[before:]))
+    return answers
+
+
+@pytest.mark.parametrize("host", sorted(REFUSED_HOSTS.values()), ids=sorted(REFUSED_HOSTS))
+def test_a_host_flask_refuses_gets_flasks_400_on_both_routes(make_harness: Make,
+                                                             host: str) -> None:
+    fast_answer, slow_answer = host_answers(make_harness, host)
+    assert fast_answer == slow_answer
+    assert fast_answer[0] == "400 BAD REQUEST"
+    assert json.loads(fast_answer[2])["error"] == "bad_request"
+
+
+def test_a_refused_host_is_never_processed(make_harness: Make) -> None:
+    h = make_harness(router=noop_router())
+    for _ in range(2):  # the second time too: a refusal is not remembered as a pass
+        status, _headers, _body = answer(h, delivery(event(), idempotency_key="bad-host"),
+                                         HTTP_HOST="a..b")
+        assert status == "400 BAD REQUEST"
+    assert h.store.summaries() == []
+    good, _headers, body = answer(h, delivery(event(), idempotency_key="bad-host"),
+                                  HTTP_HOST="events.example.com")
+    assert good == "200 OK" and json.loads(body)["outcome"] == "processed"
+
+
+def test_flask_judges_each_host_once(make_harness: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = make_harness(router=noop_router())
+    judged: list[str] = []
+    create = h.app.create_url_adapter
+
+    def recording(request: flask.Request | None) -> Any:
+        judged.append(request.environ["HTTP_HOST"] if request is not None else "")
+        return create(request)
+
+    monkeypatch.setattr(h.app, "create_url_adapter", recording)
+    for number, host in enumerate(["a.example.com", "a.example.com", "b.example.com"]):
+        body = delivery(event(), idempotency_key=f"once-{number}")
+        assert answer(h, body, HTTP_HOST=host)[0] == "200 OK"
+    assert judged == ["a.example.com", "b.example.com"]
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(host=HOSTILE_HOST)
+@example(host=REFUSED_HOSTS["64-character label"])
+@example(host=REFUSED_HOSTS["empty label"])
+@example(host="a" * 63 + ".example.com")  # the longest label Flask accepts
+def test_hostile_hosts_get_the_same_answer_on_both_routes(make_harness: Make,
+                                                          host: str) -> None:
+    fast_answer, slow_answer = host_answers(make_harness, host)
+    assert fast_answer == slow_answer
+
+
+class RecordingSessions(SessionInterface):
+    """An app's own session interface: it notes each request it opens and stamps each answer."""
+
+    def __init__(self) -> None:
+        self.opened: list[str] = []
+
+    def open_session(self, app: flask.Flask, request: flask.Request) -> SecureCookieSession:
+        """Note the request's path; an empty session."""
+        self.opened.append(request.path)
+        return SecureCookieSession()
+
+    def save_session(self, app: flask.Flask, session: Any, response: flask.Response) -> None:
+        """Stamp the answer, as a server-side session store's cookie would."""
+        response.headers["X-Session"] = "saved"
+
+
+def test_an_apps_own_session_interface_runs_for_every_push(make_harness: Make) -> None:
+    fast, slow = pair(make_harness)
+    sessions = [RecordingSessions(), RecordingSessions()]
+    fast.app.session_interface, slow.app.session_interface = sessions
+    first = answer(fast, delivery(event(), idempotency_key="session-1"))
+    assert first == answer(slow, delivery(event(), idempotency_key="session-1"))
+    assert first[1]["X-Session"] == "saved" and json.loads(first[2])["outcome"] == "processed"
+    assert sessions[0].opened == sessions[1].opened == ["/"]
+
+
+def test_a_session_cookie_is_refreshed_alike_on_both_routes(make_harness: Make) -> None:
+    fast, slow = pair(make_harness)
+    for h in (fast, slow):
+        h.app.secret_key = "push-route-test-secret"
+        interface = h.app.session_interface
+        assert isinstance(interface, SecureCookieSessionInterface)
+        signer = interface.get_signing_serializer(h.app)
+        assert signer is not None
+        # A permanent session: Flask's default interface sends its cookie again each request.
+        h.client.set_cookie("session", signer.dumps({"_permanent": True, "user": "u"}))
+    answers = [answer(h, delivery(event(), idempotency_key="cookie-1")) for h in (fast, slow)]
+    assert "Set-Cookie" in answers[0][1] and "Set-Cookie" in answers[1][1]
+    assert answers[0][0] == answers[1][0] and answers[0][2] == answers[1][2]
+
+
+def test_an_apps_own_response_class_still_applies(make_harness: Make) -> None:
+    class Tagged(flask.Response):
+        def get_wsgi_headers(self, environ: Any) -> Any:
+            headers = super().get_wsgi_headers(environ)
+            headers["X-Tagged"] = "yes"
+            return headers
+
+    h = make_harness(router=noop_router())
+    h.app.response_class = Tagged
+    status, headers, _body = answer(h, delivery(event(), idempotency_key="response-1"))
+    assert status == "200 OK" and headers["X-Tagged"] == "yes"

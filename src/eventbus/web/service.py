@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import flask
+from flask.sessions import SecureCookieSessionInterface
 from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wsgi import get_content_length, get_input_stream
 
@@ -145,11 +146,25 @@ class PushRoute:
     hook (``before_request``, ``after_request``, teardown, URL processors; a
     blueprint's, such as the mounted console's, never runs for a push), a
     receiver of Flask's request or app-context signals, ``MAX_CONTENT_LENGTH``
-    or ``TRUSTED_HOSTS``, its own ``request_class``, or a push view replaced
-    or wrapped. So what an application adds to Flask (Sentry, OpenTelemetry's
-    Flask instrumentation, its own hooks or auth) still sees pushes. The
+    or ``TRUSTED_HOSTS``, its own ``request_class`` or ``response_class``, its
+    own ``session_interface`` (any but Flask's default, which Flask opens and
+    saves around every request), a cookie sent to an app with a
+    ``secret_key`` (the default interface could then refresh a session
+    cookie), a push view replaced or wrapped, or a host Flask's URL adapter
+    refuses (a 64-character DNS label, an empty label: Flask answers 400).
+    So what an application adds to Flask (Sentry, OpenTelemetry's Flask
+    instrumentation, its own hooks, sessions or auth) still sees pushes. The
     status line, body, headers and request line are the same either way; a
     bug of our own that escapes ``answer`` is a logged 503 (a nack) here.
+
+    The host is judged by Flask's own code, not a copy of its rules:
+    ``Flask.create_url_adapter`` on a request of the environ, exactly as
+    Flask's request context calls it, so the verdict follows Flask and
+    werkzeug (their IDNA rules, ``SERVER_NAME``) wherever they go. That call
+    costs about a tenth of a push, so each host it accepted is remembered
+    (keyed by every environ value and setting it reads that can change its
+    verdict; at most ``_HOSTS_KEPT``), and a push from a known host pays one
+    set lookup. A refused host is never remembered: Flask answers each one.
     """
 
     def __init__(self, app: flask.Flask, service: PushService, endpoints: Mapping[str, str],
@@ -157,6 +172,9 @@ class PushRoute:
         """``endpoints``: each push path and the endpoint ``create_app`` registered it as."""
         self.app, self.service, self.endpoints = app, service, endpoints
         self.flask_wsgi = flask_wsgi
+        # Hosts (``_host_key``) Flask's URL adapter accepted. Set operations are atomic
+        # under the GIL, so gunicorn's threads share it; a race only costs a second check.
+        self._hosts: set[tuple[Any, ...]] = set()
 
     def __call__(self, environ: dict[str, Any],
                  start_response: Callable[..., Any]) -> Any:
@@ -172,10 +190,20 @@ class PushRoute:
                 or app.config.get("MAX_CONTENT_LENGTH") is not None
                 or app.config.get("TRUSTED_HOSTS") is not None
                 or app.request_class is not flask.Request
+                or app.response_class is not flask.Response
+                # Flask opens and saves the app's session around every request; its
+                # default one does nothing there unless the request has a cookie to read.
+                or type(app.session_interface) is not SecureCookieSessionInterface
+                or (app.secret_key and "HTTP_COOKIE" in environ)
                 # The app replaced or wrapped the push view (its own auth, say).
                 or app.view_functions.get(endpoint) != self.service.view
                 or any(map(_RECEIVERS, _FLASK_SIGNALS))):
             return self.flask_wsgi(environ, start_response)
+        # Written out, not a helper: every push asks (test_walk_budget); only a new host calls.
+        host = (environ.get("HTTP_HOST"), environ.get("SERVER_NAME"), environ.get("SERVER_PORT"),
+                environ.get("wsgi.url_scheme"), app.config.get("SERVER_NAME"))
+        if host not in self._hosts and not self._flask_takes_host(environ, host):
+            return self.flask_wsgi(environ, start_response)  # its 400, as without PushRoute
         try:
             body, status, headers = self.service.answer_environ(environ)
         except Exception:  # ``answer`` holds every push's errors; this would be our own bug
@@ -189,6 +217,26 @@ class PushRoute:
                         ("Content-Length", str(len(body))), *headers.items()])
         return [body]
 
+    def _flask_takes_host(self, environ: dict[str, Any], host: tuple[Any, ...]) -> bool:
+        """Whether Flask's URL adapter accepts this request's host; remembered if so.
+
+        ``Flask.create_url_adapter`` is what Flask's request context calls on every
+        request, and a refusal there (werkzeug's ``BadHost``) is the 400 it answers.
+        ``host`` holds what that verdict depends on (the path and method are a push's;
+        a WSGI server's strings always decode), so it keys the memory.
+        """
+        try:
+            self.app.create_url_adapter(flask.Request(environ))
+        except Exception:  # whatever Flask's own path meets here, Flask answers
+            return False
+        if len(self._hosts) >= _HOSTS_KEPT:  # many hosts (a scan): start again, stay small
+            self._hosts.clear()
+        self._hosts.add(host)
+        return True
+
+
+_HOSTS_KEPT = 64
+"""How many accepted hosts ``PushRoute`` remembers: a service has one or a few."""
 
 # Flask's signals sent around a request's dispatch: a receiver of any of them needs Flask's.
 _FLASK_SIGNALS = (flask.request_started, flask.request_finished, flask.request_tearing_down,
