@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -35,6 +37,7 @@ from eventbus.model.delivery import Delivery
 from eventbus.model.order import entity_key
 from eventbus.model.router import Router
 from eventbus.processor import Processor
+from eventbus.processor.heartbeat import Heartbeat
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import BatchClaim, EntityTake
@@ -69,10 +72,16 @@ class World:
     clock: FakeClock
 
     def processor(self, routes: Router, store: Any = None, **settings: Any) -> Processor:
-        """An instance over the store (or ``store``, a wrapper of it), on the world's clock."""
-        return Processor(store or self.store, routes,
+        """An instance over the store (or ``store``, a wrapper of it), on the world's clock.
+
+        Its heartbeat renews only when asked (no thread beating on real time), so the
+        holds and leases last what the world's clock says.
+        """
+        store = store or self.store
+        return Processor(store, routes,
                          Settings(**{"max_attempts": 5, "order_wait_seconds": 0.2, **settings}),
-                         self.clock, sleep=lambda seconds: None, monotonic=self.clock.monotonic)
+                         self.clock, sleep=lambda seconds: None, monotonic=self.clock.monotonic,
+                         heartbeat=Heartbeat(store, now=self.clock, background=False))
 
     def record(self, key: str) -> Mapping[str, Any]:
         """The stored record of the event delivered as ``key``."""
@@ -155,3 +164,135 @@ def test_a_pause_between_the_claim_and_its_lane_never_runs_an_older_position(
     # When it comes back, it is older than the applied position: stale, never run.
     assert other.process(delivery("OR_MGMT", 4, "older")).outcome.value == "stale"
     assert seen == [6]
+
+
+# -- fault 3 -------------------------------------------------------------------------------
+class HeldConfirmation:
+    """The store, but its first hold confirmation (``renew_entities``) waits for ``answer``:
+    shutdown can land on it. ``asked`` is set when it is waiting."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.asked, self.answer = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def renew_entities(self, holders: Mapping[str, str], now: dt.datetime) -> set[str]:
+        """Wait for ``answer`` the first time, then renew."""
+        if not self.asked.is_set():
+            self.asked.set()
+            assert self.answer.wait(WAIT)
+        held: set[str] = self._store.renew_entities(holders, now)
+        return held
+
+
+def cancelled(processor: Processor) -> None:
+    """Wait until shutdown's cancellation reached every lane of ``processor``'s loop
+    (each one is cancelling or over)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if all(task.cancelling() for task in list(processor.handler_loop._tasks)):
+            return
+        time.sleep(0.005)
+    raise AssertionError("the lanes were never cancelled")
+
+
+def in_background(processor: Processor, deliveries: list[Delivery]) -> tuple[threading.Thread,
+                                                                              list[Any]]:
+    """Run ``deliveries`` as one batch of ``processor`` in a thread; its results fill the list."""
+    results: list[Any] = []
+    runner = threading.Thread(target=lambda: results.extend(processor.run(deliveries)))
+    runner.start()
+    return runner, results
+
+
+def test_shutdown_on_the_hold_confirmation_gives_the_next_event_back_unspent(
+        world: World) -> None:
+    ran: list[int] = []
+    routes = Router()
+
+    @routes.handler("ASYNC", ordered_by="entity_data.ts")
+    async def project(context: Context) -> None:
+        ran.append(context.event.entity_data["ts"])
+        # A slow handler: the next event's confirmation is a round trip (a quarter lease).
+        world.clock.advance(LEASE.total_seconds() / 4 + 1)
+
+    store = HeldConfirmation(world.store)
+    processor = world.processor(routes, store)
+    try:
+        runner, results = in_background(processor, [delivery("ASYNC", 1, "first"),
+                                                    delivery("ASYNC", 2, "second")])
+        assert store.asked.wait(WAIT)  # the lane confirms its hold before event 2
+        processor.stop(grace=0)  # shutdown lands on that await
+        cancelled(processor)
+        store.answer.set()
+        runner.join(WAIT)
+        assert not runner.is_alive()
+    finally:
+        store.answer.set()
+        processor.close()
+    assert ran == [1]
+    assert [r.outcome.value for r in results] == ["processed", "in_progress"]
+    assert world.record("second")["event_status"] == "PENDING"  # given back, as the guide says
+    # The attempt was not spent: it comes back and runs as its first.
+    again = world.processor(routes)
+    try:
+        assert again.process(delivery("ASYNC", 2, "second")).outcome.value == "processed"
+    finally:
+        again.close()
+    assert ran == [1, 2]
+    assert world.record("second")["attempts"] == 1
+
+
+def test_shutdown_in_a_mixed_lane_keeps_the_entity_until_its_sync_handler_ends(
+        world: World) -> None:
+    running: list[int] = []
+    overlaps: list[tuple[int, ...]] = []
+    entered, leave = threading.Event(), threading.Event()
+    routes = Router()
+
+    def enter(position: int) -> None:
+        if running:  # another handler of the entity still runs
+            overlaps.append((*running, position))
+        running.append(position)
+
+    @routes.handler("ASYNC", ordered_by="entity_data.ts")
+    async def project(context: Context) -> None:
+        enter(context.event.entity_data["ts"])
+        running.remove(context.event.entity_data["ts"])
+
+    @routes.handler("SYNC", ordered_by="entity_data.ts")
+    def slow(context: Context) -> None:  # the entity's next event, run in a thread
+        enter(context.event.entity_data["ts"])
+        entered.set()
+        assert leave.wait(WAIT)
+        running.remove(context.event.entity_data["ts"])
+
+    first = world.processor(routes)
+    other = world.processor(routes)
+    try:
+        runner, results = in_background(first, [delivery("ASYNC", 1, "one"),
+                                                delivery("SYNC", 2, "two")])
+        assert entered.wait(WAIT)
+        first.stop(grace=0)  # shutdown while the sync handler runs in its thread
+        cancelled(first)
+        runner.join(0.5)  # on the old code, the batch released the entity by now
+        # Another instance, given the entity's newer event meanwhile, must find it held.
+        newer = other.process(delivery("ASYNC", 3, "three"))
+        leave.set()
+        runner.join(WAIT)
+        assert not runner.is_alive()
+    finally:
+        leave.set()
+        first.close()
+    try:
+        assert overlaps == []  # never two handlers of the entity at once
+        assert newer.outcome.value == "in_progress"  # busy: it comes back
+        # The sync handler ran to its end: its outcome stands.
+        assert [r.outcome.value for r in results] == ["processed", "processed"]
+        assert world.record("two")["event_status"] == "SUCCESS"
+        assert other.process(delivery("ASYNC", 3, "three")).outcome.value == "processed"
+        assert (world.store.get(ENTITY_KEY) or {}).get("position") == 3
+    finally:
+        other.close()

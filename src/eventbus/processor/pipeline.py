@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
+import functools
 import inspect
 import logging
 import time
@@ -32,7 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
@@ -76,6 +78,7 @@ Outboxes = Sequence[tuple[str, Sequence[Mapping[str, Any]]]]
 """A batch's SUCCESS parents with children: ``(parent_key, outbox)`` each."""
 _NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
 _NO_HOLDS: contextlib.nullcontext[dict[str, Lease]] = contextlib.nullcontext({})
+_T = TypeVar("_T")
 
 
 @runtime_checkable
@@ -297,6 +300,7 @@ class Processor:
         finally:
             if done is not None:
                 done.result()
+                self._give_back_unrun(awaited)
 
     def _run_lane(self, lane: Lane, leases: Mapping[str, Lease], alone: bool) -> None:
         for index, item in enumerate(lane.items):
@@ -318,21 +322,30 @@ class Processor:
     async def _run_lane_async(self, lane: Lane, leases: Mapping[str, Lease]) -> None:
         # ``_run_lane`` on the loop: the same order, stale and hold rules; a sync handler
         # of a mixed lane (an entity's events of two types) runs in a thread.
-        for index, item in enumerate(lane.items):
-            # Before every event, the first too (as ``_run_lane``); a confirmation is a
-            # round trip, so it is asked in a thread.
-            if lane.entity_key and not await asyncio.to_thread(self._still_held, lane):
-                for rest in lane.items[index:]:
-                    rest.pending = self.lanes.busy(rest)
-                return
-            stale = self._stale(item, lane) if lane.entity_key else None
-            if stale is not None:
-                item.pending = stale
-            elif not await self._run_async(item, leases[item.key], lane):
-                # Shutdown cancelled it: it and the rest of its lane go back, in order.
-                for rest in lane.items[index:]:
-                    rest.pending = self._given_back(rest)
-                return
+        # Shutdown's cancellation may land at any await here (the hold's confirmation, a
+        # slot, the handler, a sync handler's thread): the lane stops there, and
+        # ``_give_back_unrun`` gives back each of its events left with no outcome.
+        with contextlib.suppress(asyncio.CancelledError):
+            for index, item in enumerate(lane.items):
+                # Before every event, the first too (as ``_run_lane``); a confirmation is a
+                # round trip, so it is asked in a thread.
+                if lane.entity_key and not await _in_thread(self._still_held, lane):
+                    for rest in lane.items[index:]:
+                        rest.pending = self.lanes.busy(rest)
+                    return
+                stale = self._stale(item, lane) if lane.entity_key else None
+                if stale is not None:
+                    item.pending = stale
+                elif not await self._run_async(item, leases[item.key], lane):
+                    return  # shutdown cancelled its handler: it and the rest go back
+
+    def _give_back_unrun(self, lanes: list[Lane]) -> None:
+        """Give back each event of ``lanes`` that has no outcome: shutdown cancelled its lane
+        before it ran (or its handler while it awaited); PENDING, the attempt not spent."""
+        for lane in lanes:
+            for item in lane.items:
+                if item.pending is None and item.result is None:
+                    item.pending = self._given_back(item)
 
     def _stale(self, item: Item, lane: Lane) -> Pending | None:
         """What an ordered event older than its entity's applied position stores instead of
@@ -431,7 +444,10 @@ class Processor:
         route = item.located.route
         assert route is not None
         if not route.is_async:  # a sync handler in an async lane: in a thread, as it is
-            await asyncio.to_thread(self._run, item, lease, False, lane)
+            # Waited for even when shutdown cancels the lane: the batch must not release
+            # the entity while its handler still runs (another instance would run a newer
+            # event beside it). Its outcome stands; the rest of the lane goes back.
+            await _in_thread(self._run, item, lease, False, lane)
             return True
         if self._attempts_used(item) > self.settings.max_attempts:
             item.pending = self._failure(item, AttemptCapReached("attempt cap reached"))
@@ -593,6 +609,24 @@ class Processor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eventbus-batch")
         return self._pool
+
+
+async def _in_thread(call: Callable[..., _T], *args: Any) -> _T:
+    """``asyncio.to_thread(call, *args)``, except that a cancellation waits for the thread
+    to end before it is raised: a thread cannot be stopped, and what it does (a sync
+    handler, a hold's confirmation) must be over before the lane's batch goes on."""
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(context.run, call, *args))
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True  # shutdown's, maybe more than once: the thread runs on
+    if cancelled:
+        raise asyncio.CancelledError
+    return future.result()
 
 
 def _name(handler: Callable[..., Any]) -> str:
