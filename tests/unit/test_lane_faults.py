@@ -12,7 +12,8 @@
   promise). (b) In a mixed lane, while the entity's sync handler runs in a
   thread: the entity stays held until the thread ends, so no other instance
   runs a newer event of it beside the older handler.
-* **Issue 40's leak**: the handler loop's watchdog thread ends with the loop.
+* **Issue 40's leak**: the handler loop's watchdog thread ends (joined) when the
+  loop closes.
 
 Each test runs on the memory store and on the local MongoDB-compatible server
 (``mongo_uri``, ``mongo_db``), with fake clocks moved by hand: the store's
@@ -21,6 +22,7 @@ Each test runs on the memory store and on the local MongoDB-compatible server
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import json
@@ -37,6 +39,7 @@ from eventbus.model.delivery import Delivery
 from eventbus.model.order import entity_key
 from eventbus.model.router import Router
 from eventbus.processor import Processor
+from eventbus.processor.handler_loop import HandlerLoop
 from eventbus.processor.heartbeat import Heartbeat
 from eventbus.settings import Settings
 from eventbus.store import documents
@@ -296,3 +299,40 @@ def test_shutdown_in_a_mixed_lane_keeps_the_entity_until_its_sync_handler_ends(
         assert (world.store.get(ENTITY_KEY) or {}).get("position") == 3
     finally:
         other.close()
+
+
+# -- issue 40: the watchdog ends with its loop ----------------------------------------------
+def test_closing_the_handler_loop_ends_its_watchdog_and_every_thread_it_started() -> None:
+    before = set(threading.enumerate())
+
+    async def awaits() -> None:
+        await asyncio.sleep(0)
+
+    loop = HandlerLoop(block_warning=0.2)
+    loop.run([awaits()])
+    started = {thread.name for thread in set(threading.enumerate()) - before}
+    assert "eventbus-async-watch" in started  # the watchdog runs while the loop does
+    loop.close()
+    # Joined by ``close``: nothing of the loop is left for a later test's log stream.
+    assert [thread.name for thread in set(threading.enumerate()) - before
+            if thread.is_alive()] == []
+    loop.close()  # a second close has nothing left to do
+
+
+def test_closing_a_processor_joins_its_heartbeat_and_handler_loop_threads() -> None:
+    before = set(threading.enumerate())
+    routes = Router()
+
+    @routes.handler("ASYNC", ordered_by="entity_data.ts")
+    async def project(context: Context) -> None:
+        await asyncio.sleep(0)
+
+    clock = FakeClock()
+    processor = Processor(MemoryEventStore(lease=LEASE, clock=clock), routes,
+                          Settings(async_block_warning_seconds=0.2), clock)
+    assert processor.process(delivery("ASYNC", 1, "one")).outcome.value == "processed"
+    started = {thread.name for thread in set(threading.enumerate()) - before}
+    assert {"eventbus-heartbeat", "eventbus-async-watch"} <= started
+    processor.close()
+    assert [thread.name for thread in set(threading.enumerate()) - before
+            if thread.is_alive()] == []

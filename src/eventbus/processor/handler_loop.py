@@ -20,7 +20,10 @@ push request's thread) waits for them as it waits for its thread pool.
   current task), then how long the block lasted. The results stay correct; only
   time is lost. (asyncio's debug mode finds slow callbacks too, after they end
   and at the cost of debug mode on every call; the watchdog names the culprit
-  while it blocks, for one wake-up per ``block_warning / 2``.)
+  while it blocks, for one wake-up per ``block_warning / 2``.) It ends with the
+  loop: ``close()`` stops and joins it before it stops the loop, so it neither
+  outlives its loop (nor the test that made it) nor takes the loop's own stop
+  for a block.
 * **Stopped.** ``cancel_after(grace)`` (a worker's ``stop()``: it never blocks)
   and ``close(grace)`` cancel the handlers still awaiting after ``grace``
   seconds. A cancelled handler's event is given back by the processor (its
@@ -65,6 +68,7 @@ class HandlerLoop:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
         self._slots: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._beat = time.monotonic()
@@ -113,14 +117,20 @@ class HandlerLoop:
         """
         with self._lock:
             self.closed = True
-            loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
+            loop, thread, watcher = self._loop, self._thread, self._watcher
+        if loop is None or thread is None or loop.is_closed():  # never started, or closed
             return
-        asyncio.run_coroutine_threadsafe(self._drain(grace), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        self._stopped.set()
-        loop.close()
+        try:
+            asyncio.run_coroutine_threadsafe(self._drain(grace), loop).result()
+        finally:
+            # The watchdog first, whatever the drain did: joined, so no thread of this loop
+            # outlives ``close``, and stopped before the loop, whose stop is no block.
+            self._stopped.set()
+            if watcher is not None:
+                watcher.join()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
 
     # -- the loop's side -------------------------------------------------------------
     async def _all(self, coroutines: list[Coroutine[Any, Any, None]]) -> None:
@@ -166,8 +176,9 @@ class HandlerLoop:
             ready.wait()
             self._loop = loop
             if self.block_warning > 0:
-                threading.Thread(target=self._watch, args=(loop,), name="eventbus-async-watch",
-                                 daemon=True).start()
+                self._watcher = threading.Thread(target=self._watch, args=(loop,),
+                                                 name="eventbus-async-watch", daemon=True)
+                self._watcher.start()
             return loop
 
     def _serve(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
@@ -178,6 +189,10 @@ class HandlerLoop:
             loop.call_soon(self._tick, loop)
         loop.run_forever()
 
+    def _serving(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         # The watchdog reads this: a tick that falls behind means a callback holds the loop.
         self._beat = time.monotonic()
@@ -185,7 +200,9 @@ class HandlerLoop:
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         blocked_since: float | None = None
-        while not self._stopped.wait(self.block_warning / 2):
+        # Ends when ``close`` says so, or when the loop's thread is gone without it (an
+        # interpreter going down): a watchdog never reports on a loop that cannot run.
+        while not self._stopped.wait(self.block_warning / 2) and self._serving():
             lag = time.monotonic() - self._beat
             if lag > self.block_warning and blocked_since is None:
                 blocked_since = self._beat

@@ -13,6 +13,9 @@ entities' holds (``renew_entities``) and side-effect guards' leases
 (``guard_renew``, while a guarded effect runs), so a partner call longer than
 the lease is never taken over by a duplicate. Every renewal is fenced by the
 store: a lease that ran out on the store's clock is lost, never renewed.
+``close()`` (its processor's) stops and joins the thread; a batch after it is
+not renewed in the background, so a handler longer than a lease then finds its
+lease lost (fenced) rather than start a thread nothing would stop.
 """
 
 from __future__ import annotations
@@ -137,11 +140,20 @@ class Heartbeat:
             for lease in round_:
                 lease.lost = lease.key not in held
 
+    def close(self) -> None:
+        """Stop the background thread and wait for it to end (its beat in flight, if any)."""
+        with self._lock:
+            self._background = False  # no thread starts after this
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
     def _ensure_thread(self) -> None:
         if not self._background or self._thread is not None:
             return
         with self._lock:
-            if self._thread is None:
+            if self._thread is None and self._background:
                 self._thread = threading.Thread(target=self._run, name="eventbus-heartbeat",
                                                 daemon=True)
                 self._thread.start()

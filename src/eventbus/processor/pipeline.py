@@ -175,11 +175,13 @@ class Processor:
     def close(self, grace: float | None = None) -> None:
         """Stop the async handlers (see ``stop``: cancelled after ``grace`` seconds, their
         events given back), the handler threads of batches (after the batch in flight),
-        and the hook's."""
+        the heartbeat's thread, and the hook's; every thread joined."""
         self.handler_loop.close(self.settings.async_stop_grace_seconds
                                 if grace is None else grace)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        # After the batches: their leases were renewed until they ended.
+        self.heartbeat.close()
         if isinstance(self.after_success, BatchAfterSuccess):
             self.after_success.close()
 
