@@ -172,15 +172,16 @@ class Ledger:
         if parked and not run.replay:
             self.attempts[run.key] -= 1
 
-    def invoked(self, guard: str, actor: Actor) -> Effect:
-        """A guarded effect goes out: never twice per key."""
-        for earlier in self.effects[guard]:
+    def invoked(self, guard: str, actor: Actor, unfenced: bool = False) -> Effect:
+        """A guarded effect goes out: never twice per key (``unfenced``: its process was
+        paused past the lease after its guard was taken, so it cannot be fenced)."""
+        for earlier in self.effects[guard] if not unfenced else ():
             if not earlier.excused and earlier.state in ("flight", "ok"):
                 stored = " and recorded" if earlier.recorded else ", its result never stored"
                 self.violate(DuplicateEffect, f"guarded effect {guard} went out on {actor.name} "
                                               f"while an earlier one ({earlier.actor.name}) was "
                                               f"{earlier.state}{stored}")
-        effect = Effect(guard, actor)
+        effect = Effect(guard, actor, excused=unfenced)
         self.effects[guard].append(effect)
         return effect
 

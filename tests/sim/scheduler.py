@@ -103,6 +103,8 @@ class Actor:
     """The faults this actor may suffer (``shutdown`` only for processors with a loop)."""
     dead: bool = False
     paused_until: float = 0.0
+    pauses: int = 0
+    """How often it was paused past its lease."""
     processor: Any = None
     """Its processor: the heartbeat beats while it lives, ``stop`` is a shutdown."""
     stopping: bool = False
@@ -180,8 +182,10 @@ class Scheduler:
             now = self.now()
             self.quiet += 1
             try:
+                # A resumed instance's heartbeat beats next only an interval after it resumed,
+                # so what it does first after a pause is reached before its renewals say "lost".
                 for actor in self.actors:
-                    if not actor.dead and actor.paused_until <= now:
+                    if not actor.dead and actor.paused_until <= now - self.beat_every:
                         actor.beat()
             finally:
                 self.quiet -= 1
@@ -297,6 +301,7 @@ class Scheduler:
             self.trace.append(f"#{index} {me.name} at {kind} {detail}: {fault}")
         if fault == "pause":
             me.actor.paused_until = self.now() + self.lease * (1.1 + 2.0 * extra)
+            me.actor.pauses += 1
             me.actor.on_pause(me.actor)
         elif fault == "tick":
             self.advance(0.5 + 4.0 * extra)

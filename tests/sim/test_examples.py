@@ -18,6 +18,16 @@ pytestmark = [pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:
 """A crashed instance's loop dies with coroutines it never ran (and their selectors)."""
 
 EXAMPLES: list[tuple[int, str, str]] = [
+    (4, "OrderBroken", "fault2-window-rebuild-rewinds"),
+    (38, "OrderBroken", "fault2-resume-rewinds"),
+    (47, "OrderBroken", "fault2-window-rebuild-rewinds"),
+    (9, "ResumeLeft", "resume-leaves-unfinished"),
+    (49, "ResumeLeft", "resume-leaves-unfinished"),
+    (50, "ResumeLeft", "resume-leaves-unfinished"),
+    (240, "DuplicateEffect", "fault4-guard-success-write-unavailable"),
+    (148, "Lost", "left-processing-after-shutdown-or-crash"),
+    (242, "Lost", "left-processing-after-shutdown-or-crash"),
+    (810, "Lost", "left-processing-after-shutdown-or-crash"),
 ]
 """(seed, family broken on 8605e44, the fault) for each kept example."""
 

@@ -231,6 +231,8 @@ class World:
         self.rebuild_reports: list[Report] = []
         self.rebuild_flags: dict[str, bool] = {}
         self.resumed: Report | None = None
+        self.guard_taken: dict[tuple[int, str], int] = {}
+        """(actor, guard key) -> the actor's pauses when it took the guard's lease."""
         self.rebuild_results: dict[str, list[tuple[bool, Outcome]]] = {}
         """Key -> (by the resumed run, outcome) of every result a rebuild run counted."""
 
@@ -397,6 +399,10 @@ class World:
 
     def _called(self, guard: str, actor: Actor) -> Any:
         self.scheduler.note(f"guarded effect {guard} goes out")
+        # Paused past the lease between its guard's take and the call: nothing can fence the
+        # call it then makes (the same as a call already on the wire).
+        if actor.pauses > self.guard_taken.get((id(actor), guard), actor.pauses):
+            return self.ledger.invoked(guard, actor, unfenced=True)
         if actor.kind == "rebuild" and not self.rebuild_flags.get("new_calls"):
             self.ledger.violate(RebuildCalled, f"the rebuild called the partner for {guard} "
                                                "without allow_new_calls")
@@ -435,6 +441,8 @@ class World:
         """A store call of ``actor`` returned: tell the ledger what it did."""
         if self.scheduler.tracing:
             self.scheduler.note(f"{name}({_brief(args)}) returned {_brief(result)}")
+        if name == "guard_take" and result is None:
+            self.guard_taken[(id(actor), str(args[0]))] = actor.pauses
         if name == "guard_finish" and kwargs.get("succeeded"):
             self.ledger.recorded(str(args[0]))
         elif name == "mark_redriven" and result:
