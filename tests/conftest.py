@@ -20,6 +20,10 @@ from pymongo.database import Database
 
 from tests.servers import SHARED_DIR, unavailable
 
+# The suite's own plugins: hypothesis's profiles and one-example reports, the leak check,
+# and the ``server`` marker of the two tiers (``make check`` runs the tests without it).
+pytest_plugins = ["tests.hypothesis_profiles", "tests.leaks", "tests.tiers"]
+
 _SHARED = pytest.StashKey[Path]()
 
 

@@ -1,0 +1,115 @@
+"""Hypothesis for this suite: one profile per use, and a failure's report of one example.
+
+Profiles (``HYPOTHESIS_PROFILE`` picks one; otherwise ``ci`` under ``CI=true``,
+else ``dev``):
+
+* ``ci``: derandomized (each test's examples come from its own source, the
+  same on every machine and every day), no example database (nothing a
+  previous run found changes the verdict), the ``@reproduce_failure`` blob
+  printed with a failure, and no timing verdicts (``deadline``, ``too_slow``):
+  a loaded machine must not fail a run that an idle one passes.
+* ``dev`` (a laptop): random examples, and failures kept in ``.hypothesis/``
+  and tried first next time; each test's own ``max_examples``.
+* ``explore`` (``make explore``): random, at least ``EXPLORE_EXAMPLES``
+  examples per test, even where a test's ``@settings`` names fewer, failures
+  kept in ``.hypothesis/``. What it finds becomes an explicit ``@example``.
+
+``tests/model`` has its own budget (``EVENTBUS_MODEL_PROFILE``: ``ci``
+derandomized, ``long`` random); ``make explore`` runs it ``long``.
+
+A property test that fails reports the falsifying example's captured output
+and log lines only: they are emptied before each example hypothesis runs, so
+what remains is the last one's, the falsifying example that hypothesis runs
+again at the end to report it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from tests.servers import in_ci
+
+EXPLORE_EXAMPLES = 2000
+
+settings.register_profile(
+    "ci", derandomize=True, database=None, print_blob=True, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", print_blob=True)
+settings.register_profile(
+    "explore", max_examples=EXPLORE_EXAMPLES, derandomize=False, print_blob=True, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow], phases=list(Phase))
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev")
+settings.load_profile(PROFILE)  # pytest's --hypothesis-profile, if given, comes later and wins
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which profile ran, so that a report says how to draw the same examples again."""
+    return (f"hypothesis profile: {settings.get_current_profile_name()} "
+            "(HYPOTHESIS_PROFILE=ci draws CI's examples)")
+
+
+def _handle(item: pytest.Item) -> Any:
+    """The hypothesis handle of a ``@given`` test (``.inner_test`` is hypothesis's public hook)."""
+    function = getattr(item, "obj", None)
+    return getattr(function, "hypothesis", None) if function is not None else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``explore``, give every property test at least ``EXPLORE_EXAMPLES`` examples.
+
+    A test's own ``@settings(max_examples=...)`` outranks any profile, so the
+    profile alone would leave each test at its CI budget.
+    """
+    if settings.get_current_profile_name() != "explore":
+        return
+    for item in items:
+        function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        own = getattr(function, "_hypothesis_internal_use_settings", None)
+        if _handle(item) is not None and isinstance(own, settings) \
+                and own.max_examples < EXPLORE_EXAMPLES:
+            function._hypothesis_internal_use_settings = settings(  # type: ignore[union-attr]
+                own, max_examples=EXPLORE_EXAMPLES, derandomize=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Run a property test with its captured output and log emptied before each example."""
+    handle = _handle(item)
+    if handle is None:
+        return (yield)
+    capture = item.config.pluginmanager.getplugin("capturemanager")
+    logs = item.config.pluginmanager.getplugin("logging-plugin")
+    inner: Callable[..., Any] = handle.inner_test
+    examples = 0
+
+    @functools.wraps(inner)  # hypothesis names the falsifying example by it
+    def one_example(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        nonlocal examples
+        examples += 1
+        if capture is not None and capture.is_globally_capturing():
+            capture.read_global_capture()  # read means dropped
+        if logs is not None:
+            logs.report_handler.reset()
+        return inner(*args, **kwargs)
+
+    handle.inner_test = one_example
+    try:
+        return (yield)
+    except BaseException:
+        if examples > 1:
+            item.add_report_section(
+                "call", "hypothesis",
+                f"{examples} examples ran; the captured output and log shown are the "
+                "last one's (the falsifying example, run again to report it)")
+        raise
+    finally:
+        handle.inner_test = inner
