@@ -1,5 +1,5 @@
 # Each target sets up what it needs; see README.md.
-.PHONY: run stop test lint bench venv requirements
+.PHONY: run stop test check explore lint bench venv requirements
 
 run:        ## MongoDB + emulator + service, then a sample batch processed end to end
 	bash infra/run-local.sh
@@ -8,7 +8,23 @@ stop:       ## stop everything `make run` started
 	bash infra/stop-local.sh
 
 test:       ## install, lint, type-check and run every test against real servers
-	bash infra/test.sh
+	$(if $(filter true,$(CI)),PYTHONHASHSEED=0) bash infra/test.sh
+
+# The quick tier, for the edit-test loop: no server is started (tests/tiers.py marks the
+# tests that need one `server`). Bytecode caches are written (as in infra/test.sh): each
+# xdist worker would rewrite every test module's asserts again without them.
+check:      ## ruff, mypy and every test that needs no server: in 90 s, before each commit
+	bash infra/venv.sh
+	.venv/bin/ruff check .
+	.venv/bin/mypy src handlers infra main.py
+	env -u PYTHONDONTWRITEBYTECODE EVENTBUS_TIER=check .venv/bin/python -m pytest -m "not server" $(CHECK_ARGS)
+
+# Random examples, many more of them (tests/hypothesis_profiles.py), the model's long
+# budget too; what it finds is kept in .hypothesis/ and becomes an explicit @example.
+explore:    ## every property test, random, at least 2000 examples each (minutes to hours)
+	bash infra/venv.sh
+	env -u PYTHONDONTWRITEBYTECODE HYPOTHESIS_PROFILE=explore .venv/bin/python -m pytest -m hypothesis $(EXPLORE_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE EVENTBUS_MODEL_PROFILE=long .venv/bin/python -m pytest tests/model/test_model.py $(EXPLORE_ARGS)
 
 lint:
 	bash infra/venv.sh && .venv/bin/ruff check . && .venv/bin/mypy src handlers infra main.py
