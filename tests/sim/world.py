@@ -231,6 +231,8 @@ class World:
         self.rebuild_reports: list[Report] = []
         self.rebuild_flags: dict[str, bool] = {}
         self.resumed: Report | None = None
+        self.rebuild_selection: Selection | None = None
+        """The first run's selection (a rerun without a checkpoint selects the same)."""
         self.guard_taken: dict[tuple[int, str], int] = {}
         """(actor, guard key) -> the actor's pauses when it took the guard's lease."""
         self.rebuild_results: dict[str, list[tuple[bool, Outcome]]] = {}
@@ -565,9 +567,20 @@ class World:
         if not resume:
             self.scheduler.sleep(self.rng.uniform(0.0, 30.0), "interval")
         saved = self.store.rebuild_get(REBUILD_ID)
-        run = dict(saved) if saved is not None else new_run(
-            by="sim", why="sim rebuild", started=self.clock(), selection=self._selection(),
-            flags=self.rebuild_flags, rebuild_id=REBUILD_ID)
+        # A first run that died (or met the store away) before its first checkpoint left no
+        # run document: ``--resume`` would refuse the id (OPERATORS.md, rebuild step 4), so
+        # the operator starts the same rebuild again: its selection, not a new one drawn
+        # (the draw is still made, to keep the seed's stream). Before, that second run
+        # planned another window and the resume check blamed it for the first plan's keys
+        # outside it (seeds 1084, 1233, 1374, 1417, 1565, 1736, 1767, 1976; issue 39).
+        if saved is not None:
+            run = dict(saved)
+        else:
+            drawn = self._selection()
+            self.rebuild_selection = self.rebuild_selection or drawn
+            run = new_run(by="sim", why="sim rebuild", started=self.clock(),
+                          selection=self.rebuild_selection, flags=self.rebuild_flags,
+                          rebuild_id=REBUILD_ID)
         store = cast(Any, SimStore(self.store, self, actor))
         replay = Replay(REBUILD_ID, "sim", "sim rebuild", run["started"],
                         new_calls=bool(self.rebuild_flags.get("new_calls")))

@@ -144,3 +144,58 @@ def test_a_resume_runs_an_event_its_run_passed_while_the_entity_was_busy() -> No
     bus.clock.advance(LEASE + 1)
     job(bus, world.router(), run=saved, batch=1).run()
     assert world.replayed(keys[0]) == 1 and world.replayed(keys[1]) == 1
+
+
+# -- the applied event's re-run fails for now: its entity is not left on an older state -------
+def test_an_applied_event_failing_for_now_runs_again_so_the_entity_ends_on_its_state() -> None:
+    """Seed 1595 of tests/sim (issue 39): one batch re-runs event 1 then the applied event 2,
+    whose handler meets the store away (transient). Before the fix event 2 was audited failed,
+    so no run of this rebuild ran it again, and the projection stayed on event 1 (OR_PLC)
+    under position 2. Now it is given back (busy) and run again: OR_DLV."""
+    from eventbus.model.errors import StoreUnavailable
+
+    world = World()
+    failing = {"left": 1}
+    routes = Router()
+
+    @routes.handler("OR_MGMT", ordered_by="entity_data.n")
+    def on_order(context: Context) -> None:
+        world.runs.append((context.key, context.replay is not None))
+        if context.replay is not None and context.event.entity_data["n"] == 2 and \
+                failing["left"] > 0:
+            failing["left"] -= 1
+            raise StoreUnavailable("the store is away (test)")
+        world.projection["o-1"] = str(context.event.entity_data["status"])
+
+    bus = local_bus(routes)
+    keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
+    report = job(bus, routes, keys=tuple(keys)).run()
+    assert world.projection == {"o-1": "OR_DLV"} and entity_position(bus, keys[0]) == 2
+    assert report.counts["rebuilt"] == 2 and report.counts["failed"] == 0
+    assert [entry["outcome"] for entry in audits(bus, keys[1], report.rebuild_id)] == ["rebuilt"]
+
+
+def test_an_applied_event_still_failing_is_left_for_the_resume() -> None:
+    """Failing for the run's every try, it is listed unfinished (busy, no audit entry): the
+    resume runs it, and the entity ends on its state."""
+    from eventbus.model.errors import StoreUnavailable
+
+    world = World()
+    failing = {"on": True}
+    routes = Router()
+
+    @routes.handler("OR_MGMT", ordered_by="entity_data.n")
+    def on_order(context: Context) -> None:
+        world.runs.append((context.key, context.replay is not None))
+        if context.replay is not None and context.event.entity_data["n"] == 2 and failing["on"]:
+            raise StoreUnavailable("the store is away (test)")
+        world.projection["o-1"] = str(context.event.entity_data["status"])
+
+    bus = local_bus(routes)
+    keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
+    report = job(bus, routes, keys=tuple(keys), retries=1).run()
+    assert report.unfinished == [keys[1]] and audits(bus, keys[1], report.rebuild_id) == []
+    failing["on"] = False
+    job(bus, routes, run=bus.store.rebuild_get(report.rebuild_id)).run()
+    assert world.projection == {"o-1": "OR_DLV"}
+    assert [entry["outcome"] for entry in audits(bus, keys[1], report.rebuild_id)] == ["rebuilt"]

@@ -56,13 +56,14 @@ from typing import Any, Protocol
 from eventbus.guard import ReplayGuard
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
+from eventbus.model.errors import Classification
 from eventbus.model.forward import is_forward
 from eventbus.model.order import PositionKindMismatch
 from eventbus.model.outcome import Outcome
 from eventbus.model.replaying import Replay
 from eventbus.model.router import Router
 from eventbus.model.status import Status
-from eventbus.processor.heartbeat import Heartbeat
+from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.ordering import Lane, stale_pending
 from eventbus.processor.pipeline import Clock, Processor
 from eventbus.processor.rejections import brief
@@ -226,6 +227,34 @@ class ReplayProcessor(Processor):
 
     def _attempts_used(self, item: Item) -> int:
         return 0  # a rebuild spends no attempt of the event's
+
+    def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
+        super()._run(item, lease, alone, lane)
+        self._undecided(item, lane)
+
+    async def _run_async(self, item: Item, lease: Lease, lane: Lane) -> bool:
+        ran = await super()._run_async(item, lease, lane)
+        self._undecided(item, lane)
+        return ran
+
+    def _undecided(self, item: Item, lane: Lane) -> None:
+        """The entity's applied event failed for a passing reason (transient: the store away, a partner down): not
+        decided, but given back untouched (``UNAVAILABLE``: the rebuild runs it again, then
+        ``--resume``), so the entity is not left on the state of an older event its lane
+        re-ran before it (issue 39); a failed audit entry would keep every run of this
+        rebuild from running it again."""
+        pending = item.pending
+        if not lane.entity_key or not isinstance(pending, _Rerun) or \
+                pending.entry.get("outcome") != "failed" or not _is_applied(item, lane):
+            return
+        error = pending.entry.get("error") or {}
+        if error.get("classification") != Classification.TRANSIENT.value:
+            return
+        item.pending = Pending(
+            Finish(item.key, pending.finish.owner, unclaim=True),
+            Result(Outcome.UNAVAILABLE, key=item.key, event_type=item.event_type,
+                   attempt=pending.result.attempt,
+                   error=f"the entity's applied event failed for now: {pending.result.error}"))
 
     def _stale(self, item: Item, lane: Lane) -> Pending | None:
         """An older event whose re-run would leave its entity behind: not run, audited.
