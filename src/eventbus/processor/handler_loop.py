@@ -82,8 +82,20 @@ class HandlerLoop:
         others (the processor's coroutines never raise for a message). After
         ``close`` they are cancelled at once (their events are given back).
         """
-        loop = self._started()
-        return asyncio.run_coroutine_threadsafe(self._all(list(coroutines)), loop)
+        work = list(coroutines)
+        with self._lock:
+            # Handed to the loop under the lock ``close`` takes before its drain: the loop runs
+            # them before the drain (which cancels them), or ``closed`` is seen here.
+            if not self.closed:
+                return asyncio.run_coroutine_threadsafe(self._all(work), self._started())
+        # A late push or batch after ``close`` (issue 39): the loop is closed, or going
+        # away, and none starts again. Nothing runs: the processor gives every event of
+        # them back (PENDING, the attempt not spent: IN_PROGRESS, nacked or 503).
+        for coroutine in work:
+            coroutine.close()
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
     def run(self, coroutines: Sequence[Coroutine[Any, Any, None]]) -> None:
         """``start`` them and wait until all are done (the calling thread blocks)."""
@@ -163,23 +175,23 @@ class HandlerLoop:
             task.cancel()
 
     def _started(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is not None:
-                return self._loop
-            loop = asyncio.new_event_loop()
-            loop.set_default_executor(ThreadPoolExecutor(self.io_threads,
-                                                         thread_name_prefix="eventbus-async-io"))
-            ready = threading.Event()
-            self._thread = threading.Thread(target=self._serve, args=(loop, ready),
-                                            name="eventbus-async", daemon=True)
-            self._thread.start()
-            ready.wait()
-            self._loop = loop
-            if self.block_warning > 0:
-                self._watcher = threading.Thread(target=self._watch, args=(loop,),
-                                                 name="eventbus-async-watch", daemon=True)
-                self._watcher.start()
-            return loop
+        """The loop, started if it is not yet; the caller holds ``_lock``."""
+        if self._loop is not None:
+            return self._loop
+        loop = asyncio.new_event_loop()
+        loop.set_default_executor(ThreadPoolExecutor(self.io_threads,
+                                                     thread_name_prefix="eventbus-async-io"))
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(loop, ready),
+                                        name="eventbus-async", daemon=True)
+        self._thread.start()
+        ready.wait()
+        self._loop = loop
+        if self.block_warning > 0:
+            self._watcher = threading.Thread(target=self._watch, args=(loop,),
+                                             name="eventbus-async-watch", daemon=True)
+            self._watcher.start()
+        return loop
 
     def _serve(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         asyncio.set_event_loop(loop)
