@@ -322,7 +322,11 @@ class Scheduler:
             return False
         if thread.actor.paused_until > now and not thread.actor.dead and self.failure is None:
             return False
-        if thread.state == "ready" or self.failure is not None:
+        # A dead instance's threads all die with it: one blocked on something only another of
+        # its threads would have finished (a loop thread that never ran) unwinds with ``Crash``
+        # here, instead of blocking the run for good (a ``Stuck`` that then hid behind the
+        # settling's "left PROCESSING": seeds 1277, 1490).
+        if thread.state == "ready" or self.failure is not None or thread.actor.dead:
             return True
         if thread.wake_at is not None and now >= thread.wake_at:
             return True
