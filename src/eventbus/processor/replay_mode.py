@@ -238,11 +238,11 @@ class ReplayProcessor(Processor):
         return ran
 
     def _undecided(self, item: Item, lane: Lane) -> None:
-        """The entity's applied event failed for a passing reason (transient: the store away, a partner down): not
-        decided, but given back untouched (``UNAVAILABLE``: the rebuild runs it again, then
-        ``--resume``), so the entity is not left on the state of an older event its lane
-        re-ran before it (issue 39); a failed audit entry would keep every run of this
-        rebuild from running it again."""
+        """The entity's applied event failed for a passing reason (transient: the store
+        away, a partner down): not decided, but given back untouched (``UNAVAILABLE``:
+        the rebuild runs it again, then ``--resume``), so the entity is not left on the
+        state of an older event its lane re-ran before it (issue 39); a failed audit
+        entry would keep every run of this rebuild from running it again."""
         pending = item.pending
         if not lane.entity_key or not isinstance(pending, _Rerun) or \
                 pending.entry.get("outcome") != "failed" or not _is_applied(item, lane):
