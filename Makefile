@@ -21,7 +21,7 @@ check:      ## ruff, mypy and every test that needs no server: in 90 s, before e
 
 # Random examples, many more of them (tests/hypothesis_profiles.py), the model's long
 # budget too; what it finds is kept in .hypothesis/ and becomes an explicit @example.
-explore:    ## every property test, random, at least 2000 examples each (minutes to hours)
+explore:    ## every property test at random, 2000 examples each unless it sets its own (minutes to hours)
 	bash infra/venv.sh
 	env -u PYTHONDONTWRITEBYTECODE HYPOTHESIS_PROFILE=explore .venv/bin/python -m pytest -m hypothesis $(EXPLORE_ARGS)
 	env -u PYTHONDONTWRITEBYTECODE EVENTBUS_MODEL_PROFILE=long .venv/bin/python -m pytest tests/model/test_model.py $(EXPLORE_ARGS)
