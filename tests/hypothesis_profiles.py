@@ -10,6 +10,7 @@ else ``dev``):
   a loaded machine must not fail a run that an idle one passes.
 * ``dev`` (a laptop): random examples, and failures kept in ``.hypothesis/``
   and tried first next time; each test's own ``max_examples``.
+* ``mutation`` (``infra/mutation.sh``): ``ci`` with 20 examples a test.
 * ``explore`` (``make explore``): random, ``EXPLORE_EXAMPLES`` examples per
   test, failures kept in ``.hypothesis/``. What it finds becomes an explicit
   ``@example``. A test's own ``@settings(max_examples=...)`` outranks every
@@ -46,6 +47,12 @@ settings.register_profile("dev", print_blob=True)
 settings.register_profile(
     "explore", max_examples=EXPLORE_EXAMPLES, derandomize=False, print_blob=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow], phases=list(Phase))
+
+settings.register_profile(
+    "mutation", parent=settings.get_profile("ci"), max_examples=20,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
+"""``infra/mutation.sh``: CI's examples, fewer of them, each test run once per mutant in one
+process (mutmut's trampoline calls one test from several executors)."""
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev")
 settings.load_profile(PROFILE)  # pytest's --hypothesis-profile, if given, comes later and wins

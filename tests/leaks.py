@@ -246,10 +246,39 @@ if MODE != "off":
             _WIDER.absorb(Snapshot.now())
             message = "left running after the test:\n  " + "\n  ".join(sorted(leaks))
             if MODE == "warn":
-                item.warn(pytest.PytestWarning(message))
+                _note(item, leaks)
             else:
                 raise Leaked(message)
         return result
+
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(session: pytest.Session) -> None:
+        """The run's notes start empty (the controller clears them before xdist's workers)."""
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            for path in _NOTES.glob("*.txt"):
+                path.unlink()
+
+    def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                                config: pytest.Config) -> None:
+        """In ``warn`` mode, one line for the whole run (xdist's workers write, this reads)."""
+        tests = sum(path.read_text().count("\n== ") for path in _NOTES.glob("*.txt"))
+        if tests:
+            terminalreporter.write_line(
+                f"leak check (warn): {tests} tests left something running, listed in "
+                f"{_NOTES.relative_to(_ROOT)}/; EVENTBUS_LEAK_CHECK=on makes each an error")
+
+
+_NOTES = Path(_ROOT) / "var" / "leaks"
+
+
+def _note(item: pytest.Item, leaks: list[str]) -> None:
+    """Write a test's leaks to this worker's notes: one summary line, not a warning per test
+    (a warning each made a green run's output 450 lines long)."""
+    _NOTES.mkdir(parents=True, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with (_NOTES / f"{worker}.txt").open("a") as notes:
+        notes.write(f"\n== {item.nodeid}\n  " + "\n  ".join(sorted(leaks)) + "\n")
 
 
 class Leaked(AssertionError):
