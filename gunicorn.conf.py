@@ -16,3 +16,12 @@ header_map = "dangerous"
 accesslog = None  # eventbus writes one structured line per request instead
 errorlog = "-"
 loglevel = os.environ.get("LOG_LEVEL", "info").lower()
+
+
+def post_worker_init(worker):
+    """On SIGTERM, stop the app's processor first: async handlers still awaiting after
+    ``EVENTBUS_ASYNC_STOP_GRACE_SECONDS`` give their events back (503, PENDING, the attempt
+    not spent) instead of holding their requests until gunicorn's SIGKILL."""
+    from eventbus.web.signals import on_gunicorn_worker
+
+    on_gunicorn_worker(worker)

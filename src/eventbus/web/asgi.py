@@ -16,9 +16,11 @@ this app; its ``async def`` handlers await on the processor's own loop
 (``eventbus.processor.handler_loop``), never on the server's, so a handler's
 async clients live on one loop whatever entry delivered the event.
 
-**Lifespan.** At shutdown (uvicorn's lifespan end, after the requests in
-flight) the processor is closed: async handlers still awaiting after
-``async_stop_grace_seconds`` are cancelled and their events given back.
+**Lifespan.** On SIGTERM the processor stops first (``eventbus.web.signals``):
+async handlers still awaiting after ``async_stop_grace_seconds`` are
+cancelled, so their requests answer 503 and close. At shutdown (uvicorn's
+lifespan end, after the requests in flight) the processor is closed: what
+still awaits after ``async_stop_grace_seconds`` is cancelled, its event given back.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from werkzeug.wsgi import get_content_length
 
 from eventbus.web.app import PUSH_PATHS
 from eventbus.web.service import PushService, read_body
+from eventbus.web.signals import stop_first
 
 __all__ = ["asgi_app", "wsgi_environ"]
 
@@ -77,6 +80,9 @@ def asgi_app(app: flask.Flask) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # uvicorn's SIGTERM handler is in place by now; the processor stops first, so a
+        # handler that still awaits gives its event back and its connection closes.
+        stop_first(service.processor.stop)
         yield
         # After the requests in flight: cancel what still awaits past the grace, give it back.
         await asyncio.get_running_loop().run_in_executor(None, service.processor.close)
