@@ -256,6 +256,18 @@ class Scheduler:
             raise Crash(f"{me.actor.name} crashed at {kind}")
         return fault
 
+    def pause(self, actor: Actor, seconds: float, why: str) -> None:
+        """Freeze ``actor`` (its whole instance) for ``seconds`` now: a pause the world aims
+        (right after a claim, ``tests.sim.world``), not one the draws of a point decide; the
+        caller's next point hands the baton on."""
+        me = self.me()
+        actor.paused_until = self.now() + seconds
+        actor.pauses += 1
+        actor.on_pause(actor)
+        self.decisions["pause"] += 1
+        self.trace.append(f"#{self.points} {me.name if me is not None else 'driver'} {why}: "
+                          f"pause {seconds:.1f}s")
+
     def sleep(self, seconds: float, kind: str = "sleep") -> None:
         """A virtual wait of the calling thread (a hanging handler, a sweeper's interval)."""
         me = self.me()

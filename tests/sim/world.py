@@ -13,7 +13,13 @@
    entity's events form a lane), a rebuild (``Rebuild.run``, maybe stopped
    early) over a selection or a time window, the redrive and relay
    sweepers, and operator commands (``replay`` of a FAILED record,
-   ``partners close``).
+   ``partners close``). With ``Shape.rival`` (drawn last, so a seed without
+   it runs as before): a rival push instance and two **aimed faults**, once
+   per run, each handing the rival an entity's newer events to deliver:
+   a pause past the lease right after a claim or ``take_entities`` held an
+   entity, before its lane's first handler (``World.claimed``), and a
+   shutdown (no grace) as a mixed lane's sync handler, slow, starts in a
+   thread of the instance's loop (``World._mixed``).
 3. **Settling** (faults off): the rebuild is resumed (``--resume``), every
    message the broker still holds is delivered again, then rounds of time
    past every lease, redrive and relay sweeps and deliveries, until nothing
@@ -125,6 +131,7 @@ class SimStore:
         self._apply(fault, name, "before")
         result = method(*args, **kwargs)
         self._world.observe(self._actor, name, args, kwargs, result)
+        self._world.claimed(self._actor, name, args, kwargs, result)
         fault = scheduler.point("store-after", faults, name)
         self._apply(fault, name, "after")
         return result
@@ -162,6 +169,17 @@ class Broker:
         return f"bus-{len(self.world.messages)}-{message.key[:8]}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What an aimed fault leaves the rival to run: an entity's events newer than ``position``
+    (outside ``keys``, what the faulted instance holds), from virtual time ``after`` on."""
+
+    entity: str
+    position: int
+    keys: frozenset[str]
+    after: float
+
+
 @dataclasses.dataclass
 class Shape:
     """What one run holds: drawn from the seed (``Shape.draw``); shrinking makes it smaller."""
@@ -178,6 +196,8 @@ class Shape:
     relay: bool = True
     operator: bool = True
     fault_rate: float = 0.08
+    rival: bool = False
+    """A rival instance and the aimed faults it answers (``World.claimed``, ``World._mixed``)."""
 
     @classmethod
     def draw(cls, rng: random.Random) -> Shape:
@@ -188,7 +208,9 @@ class Shape:
                    pull=rng.random() < 0.5, rebuild=rng.random() < 0.4,
                    redrive=rng.random() < 0.6, relay=rng.random() < 0.3,
                    operator=rng.random() < 0.3,
-                   fault_rate=rng.choice((0.03, 0.06, 0.1, 0.15)))
+                   fault_rate=rng.choice((0.03, 0.06, 0.1, 0.15)),
+                   # Drawn last: a seed without the rival draws (and runs) as it did before.
+                   rival=rng.random() < 0.3)
 
     def smaller(self) -> list[Shape]:
         """Shapes with one thing fewer (for shrinking)."""
@@ -198,7 +220,7 @@ class Shape:
             floor = 1 if name in ("pushers", "deliveries", "entities", "history") else 0
             if value > floor:
                 out.append(dataclasses.replace(self, **{name: value - 1}))
-        for name in ("pull", "rebuild", "redrive", "relay", "operator"):
+        for name in ("pull", "rebuild", "redrive", "relay", "operator", "rival"):
             if getattr(self, name):
                 out.append(dataclasses.replace(self, **{name: False}))
         return out
@@ -237,6 +259,8 @@ class World:
         """(actor, guard key) -> the actor's pauses when it took the guard's lease."""
         self.rebuild_results: dict[str, list[tuple[bool, Outcome]]] = {}
         """Key -> (by the resumed run, outcome) of every result a rebuild run counted."""
+        self.target: Target | None = None
+        """What the rival is to run, once an aimed fault chose it (one per run)."""
 
     # -- building -----------------------------------------------------------------------
     def actor(self, name: str, kind: str, faults: Sequence[str] = FAULTS) -> Actor:
@@ -349,7 +373,10 @@ class World:
         run, parked = self._run(context), False
         try:
             behaviour = self._behaviour(context.key, self.plans)
+            slow = self._mixed(run)
             self.scheduler.point("handler", ("pause", "crash", "tick"))
+            if slow:
+                self.scheduler.sleep(LEASE * 1.6, "slow")
             if behaviour == "hang":
                 self.scheduler.sleep(LEASE * self.rng.uniform(0.3, 1.6), "hang")
             elif behaviour == "transient":
@@ -462,12 +489,97 @@ class World:
     def _records(self, keys: Sequence[str]) -> list[Mapping[str, Any]]:
         return self.store.get_many(list(keys))
 
-    def shutdown(self, actor: Actor) -> None:
+    def shutdown(self, actor: Actor, grace: float | None = None) -> None:
         """The instance is told to stop: its async handlers are cancelled after a grace."""
         if actor.processor is None or actor.stopping:
             return
         actor.stopping = True
-        actor.processor.stop(self.rng.choice((0.0, 0.5, 3.0, LEASE * 0.8)))
+        actor.processor.stop(self.rng.choice((0.0, 0.5, 3.0, LEASE * 0.8))
+                             if grace is None else grace)
+
+    # -- aimed faults (``Shape.rival``) -------------------------------------------------
+    # A fault drawn at a point lands anywhere; two interleavings of issue 39 need three
+    # things at once, which the draws alone (seeds 0..2000) never lined up. With the rival,
+    # the world aims them, once per run, and the rival instance plays the other side.
+    def _aiming(self, actor: Actor) -> bool:
+        return self.shape.rival and self.target is None and not self.settling and \
+            self.scheduler.faults_on and actor.kind in ("push", "pull") and not actor.dead
+
+    def _newer(self, entity: str, position: int, keys: frozenset[str]) -> list[Message]:
+        """The entity's unacked events above ``position``, outside ``keys``, newest first."""
+        found = [m for m in self.messages if not m.acked and m.key not in keys and
+                 self.ledger.ordered.get(m.key, ("", 0))[0] == entity and
+                 self.ledger.ordered[m.key][1] > position]
+        return sorted(found, key=lambda m: -self.ledger.ordered[m.key][1])
+
+    def claimed(self, actor: Actor, name: str, args: tuple[Any, ...],
+                kwargs: Mapping[str, Any], result: Any) -> None:
+        """Issue 39 fault 1: right after a claim (or ``take_entities``) held an entity, before
+        its lane starts, the instance is paused past the lease while the entity has a newer
+        event outside the batch: the rival takes the lapsed entity and runs it meanwhile."""
+        if name not in ("claim_many", "take_entities") or not self._aiming(actor):
+            return
+        if name == "take_entities":
+            takes, holds, taken = args[0] if args else kwargs.get("takes"), result, None
+        else:
+            takes = args[2] if len(args) > 2 else kwargs.get("takes")
+            holds, taken = getattr(result, "holds", None), getattr(result, "taken", {})
+        if not takes or holds is None:
+            return
+        for entity, take in takes.items():
+            mine = [self.ledger.ordered[key][1] for key in take.keys
+                    if key in self.ledger.ordered and (taken is None or key in taken)]
+            if not holds.held(entity) or not mine:
+                continue
+            keys = frozenset(take.keys)
+            if self._newer(entity, min(mine), keys) and self.rng.random() < 0.6:
+                self.target = Target(entity, min(mine), keys,
+                                     self.scheduler.now() + LEASE + 1.0)
+                self.scheduler.pause(actor, LEASE * self.rng.uniform(1.8, 2.6),
+                                     f"after {name} held {entity[:10]}")
+                return
+
+    def _mixed(self, run: Run) -> bool:
+        """Issue 39 fault 3b: a sync handler of a mixed lane (in a thread of the instance's
+        loop) is slow, and shutdown comes as it starts (no grace) while the entity has a
+        newer event: the rival runs it once the entity is free. True: be slow."""
+        me = self.scheduler.me()
+        actor = run.actor
+        if me is None or not me.name.endswith("/thread") or not self._aiming(actor) or \
+                "shutdown" not in actor.faults or actor.processor is None or \
+                actor.stopping or not run.entity or run.position is None:
+            return False
+        keys = frozenset({run.key})
+        if not self._newer(run.entity, run.position, keys) or self.rng.random() >= 0.9:
+            return False
+        self.target = Target(run.entity, run.position, keys, self.scheduler.now() + 1.0)
+        self.scheduler.trace.append(f"#{self.scheduler.points} {me.name}: slow handler of "
+                                    f"{run.key}, shutdown")
+        self.shutdown(actor, 0.0)
+        return True
+
+    def rival(self, actor: Actor) -> None:
+        """Another push instance: it waits for an aimed fault's target (or for every other
+        actor to end), then delivers the target entity's newer events, in rounds a third of
+        a lease apart (one the faulted instance still held is answered IN_PROGRESS until its
+        claim lapses)."""
+        processor = self.processor(actor)
+        others = [t for t in self.scheduler.threads if t.main and t.actor is not actor]
+        self.scheduler.block(ready=lambda: self.target is not None or
+                             all(t.state == "done" for t in others))
+        target = self.target
+        if target is not None:
+            if target.after > self.scheduler.now():
+                self.scheduler.sleep(target.after - self.scheduler.now(), "interval")
+            for _ in range(5):
+                newer = self._newer(target.entity, target.position, target.keys)
+                if not newer:
+                    break
+                for message in newer:
+                    if not message.acked:
+                        self._processing(processor, [message])
+                self.scheduler.sleep(LEASE * 0.35, "interval")
+        processor.close(0.0)
 
     # -- actors -------------------------------------------------------------------------
     def _pick(self, any_message: float = 0.15) -> Message | None:
@@ -710,6 +822,9 @@ class World:
             actor = self.actor("operator", "operator")
             scheduler.spawn(actor, functools.partial(self.operator, actor), actor.name,
                             main=True)
+        if shape.rival:
+            actor = self.actor("rival", "push", ("tick",))
+            scheduler.spawn(actor, functools.partial(self.rival, actor), actor.name, main=True)
 
     def _settle(self) -> None:
         """Faults off: resume the rebuild, deliver what is left, sweep until nothing moves."""
