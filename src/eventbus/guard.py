@@ -190,7 +190,10 @@ class Guard:
                 raise
             # One thread job for the write and its retries: a cancellation (shutdown)
             # stops this wait, never the write (see the module docstring).
-            await asyncio.to_thread(self._store_success, key, owner, result)
+            # Shielded: a job still queued for its thread would be dropped by the
+            # cancellation, and the result with it.
+            await asyncio.shield(asyncio.ensure_future(
+                asyncio.to_thread(self._store_success, key, owner, result)))
         return Guarded(key, result, skipped=False)
 
     def _store_success(self, key: str, owner: str, result: dict[str, Any]) -> None:

@@ -481,8 +481,14 @@ class Partner:
             except BaseException:  # cancelled (a shutdown): nothing to count, nothing runs
                 self.abandon(started)
                 raise
-            await asyncio.to_thread(self.finish, started, None)
-            return result
+            cancelled = await _settled(asyncio.to_thread(self.finish, started, None))
+        if cancelled:
+            # The partner answered: its result goes back to the caller (the guard stores it)
+            # and the shutdown's cancellation comes at the caller's next await instead.
+            task = asyncio.current_task()
+            if task is not None:
+                task.cancel()
+        return result
 
     def _admit(self) -> BreakerState:
         store, policy = self.partners.store, self.partners.policy
@@ -729,3 +735,19 @@ class Partners:
             raise RateLimited(name, took.until, f"over {rate:g} calls/s")
         if took.wait > timedelta(0):
             (wait or self.sleep)(took.wait.total_seconds())
+
+
+async def _settled(bookkeeping: Awaitable[None]) -> bool:
+    """Await the bookkeeping after a call that answered; True if cancelled meanwhile.
+
+    Shielded: a cancellation (shutdown) that lands here must not drop an answer
+    the partner already gave, or the guard would release its key and a
+    redelivery call the partner again (issue 39, simulation seed 271).
+    """
+    job = asyncio.ensure_future(bookkeeping)
+    try:
+        await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job])  # the breaker's count still lands, then the caller goes on
+        return True
+    return False
