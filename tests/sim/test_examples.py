@@ -70,6 +70,9 @@ MAIN_ONLY: list[tuple[int, str]] = [
     # guard's SUCCESS write is shielded (src/eventbus/partners.py ``_settled``,
     # src/eventbus/guard.py ``run_async``).
     (271, "DuplicateEffect"),
+    # Found by the CI budget at fd934b7: a resumed rebuild ends without two keys its first
+    # run left unfinished. Not classified yet (a fault of --resume or the world's check).
+    (80, "ResumeLeft"),
 ]
 """Seeds of the CI budget that break a promise on main at aa51041 (with fixes of issue 39 in
 progress) but not on 8605e44 (a changed library takes other paths for one seed): not yet
