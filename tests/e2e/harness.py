@@ -125,6 +125,23 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+# An exception's own line in a traceback: "RuntimeError: broken on purpose".
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit): .+$")
+
+
+def first_exception(path: Path) -> str:
+    """The first exception line of a log, or "" when it has none.
+
+    gunicorn's own halt traceback comes after the app's import error and
+    fills the tail, so a failure message names the first cause on its own.
+    """
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return next((line for line in text.splitlines() if _EXCEPTION_LINE.match(line)), "")
+
+
 # --- the emulator -----------------------------------------------------------
 
 
@@ -611,9 +628,11 @@ class ServiceProcess:
         problem = self._wait_healthy()
         if problem:
             self.stop()
+            cause = first_exception(self.log_path)
             raise ServiceError(
                 f"gunicorn {self.app} did not answer GET {self.url}/health with 200: {problem}; "
-                f"last lines of {self.log_path}:\n{self.tail()}"
+                + (f"first exception: {cause}; " if cause else "")
+                + f"last lines of {self.log_path}:\n{self.tail()}"
             )
         return self.url
 
