@@ -113,6 +113,21 @@ def test_run_documents_are_saved_read_back_and_listed_newest_first(
     assert store.rebuild_get("rb-none") is None
 
 
+def test_a_plan_is_stored_in_order_across_pages_replaced_and_never_listed_as_a_run(
+        store: EventStore) -> None:
+    # Keys of 600 characters: three pages of 1 MiB hold the 5,000 (rebuilds.plan_pages).
+    plan = [f"k{number:05d}-" + "x" * 593 for number in range(5000)]
+    store.rebuild_save({"rebuild_id": "rb-plan", "started": "2026-03", "status": "running"})
+    assert store.rebuild_plan("rb-plan") is None
+    store.rebuild_plan_save("rb-plan", plan)
+    assert store.rebuild_plan("rb-plan") == plan
+    store.rebuild_plan_save("rb-plan", ["k-b", "k-a"])  # a second plan replaces every page
+    assert store.rebuild_plan("rb-plan") == ["k-b", "k-a"]
+    store.rebuild_plan_save("rb-other", [])
+    assert store.rebuild_plan("rb-other") == []
+    assert [run["rebuild_id"] for run in store.rebuild_runs(10)] == ["rb-plan"]
+
+
 def test_a_new_records_live_finish_keeps_its_audit_entry_succeeded_or_failed(
         store: EventStore, now: datetime) -> None:
     # An archive rebuild's new records: the live claim and finish, with ``replays`` as extra.

@@ -199,3 +199,43 @@ def test_an_applied_event_still_failing_is_left_for_the_resume() -> None:
     job(bus, routes, run=bus.store.rebuild_get(report.rebuild_id)).run()
     assert world.projection == {"o-1": "OR_DLV"}
     assert [entry["outcome"] for entry in audits(bus, keys[1], report.rebuild_id)] == ["rebuilt"]
+
+
+# -- seed 80: a resume runs the first run's plan, not a query's answer now --------------------
+def test_a_resume_runs_the_first_plan_though_an_older_event_of_an_entity_finished_since() -> None:
+    """Seed 80 of tests/sim (issue 39). Entity B's event 3 arrived first and failed for now;
+    the first run planned A1 A2 B1 B2 and stopped after A2 (the checkpoint). Event 3 then
+    succeeded: planned again, B's group starts at event 3's arrival, before A's, so every B
+    key stood before the checkpoint and the resume ran nothing. Now the first plan is kept:
+    the resume decides B1 and B2 (stale: the applied event 3 is not in the rebuild)."""
+    world = World()
+    failing = {"left": 1}
+    routes = Router()
+
+    @routes.handler("OR_MGMT", ordered_by="entity_data.n")
+    def on_order(context: Context) -> None:
+        world.runs.append((context.key, context.replay is not None))
+        if context.event.entity_data["n"] == 3 and failing["left"] > 0:
+            failing["left"] -= 1
+            raise ConnectionError("the partner is away (test)")
+        world.projection[context.event.entity_metadata.entity_id] = \
+            str(context.event.entity_data["status"])
+
+    bus = local_bus(routes)
+    later = publish(bus, 3, "OR_DLV", "o-B")
+    bus.clock.advance(1)
+    firsts = [publish(bus, n, status, "o-A") for n, status in ((1, "OR_PLC"), (2, "OR_DLV"))]
+    bus.clock.advance(1)
+    seconds = [publish(bus, n, status, "o-B") for n, status in ((1, "OR_PLC"), (2, "OR_SHP"))]
+    first = job(bus, routes, batch=1)
+    interrupted = first.run(stop_after=2)
+    assert interrupted.last_key == firsts[1]
+    stale_before = interrupted.counts["stale"]  # A1 alone in its batch: A2 is applied
+    assert bus.redeliver(later).outcome.value == "processed"  # event 3 succeeds now
+    rebuild_id = first.report.rebuild_id
+    resumed = job(bus, routes, run=bus.store.rebuild_get(rebuild_id), batch=1).run()
+    assert [entry["outcome"] for key in seconds for entry in audits(bus, key, rebuild_id)] == \
+        ["stale", "stale"]
+    assert resumed.counts["stale"] == stale_before + 2 and audits(bus, later, rebuild_id) == []
+    assert world.projection == {"o-A": "OR_DLV", "o-B": "OR_DLV"}
+    assert bus.store.rebuild_plan(rebuild_id) == [*firsts, *seconds]

@@ -9,12 +9,15 @@ per batch, the handlers in replay mode. Around the batches it keeps:
 * **the plan**: the selection's keys in run order: by ``created``, except that
   an ordered handler's events (their stored ``order``) run together, in their
   entity's position order, from the place of the entity's first event;
+* **a frozen plan** in the store (``rebuild_plan_save``), written once before
+  the first event runs: ``--resume`` runs the keys and the order of the first
+  run's plan, not a query's answer now (events that finished since would join it);
 * **a checkpoint** in the store (``rebuild_save``: the run document with its
   selection, flags, counts and how far the plan is done), written at most once
-  a second and at the end; ``--resume ID`` reads it, plans the same frozen
-  selection again, runs first the keys the run left **unfinished** (busy
-  entity, a lease still held by a dead run, the store away: ``Report.unfinished``,
-  which the checkpoint's last key has passed) and goes on after its last key.
+  a second and at the end; ``--resume ID`` reads it and the frozen plan, runs
+  first the keys the run left **unfinished** (busy entity, a lease still held by
+  a dead run, the store away: ``Report.unfinished``, which the checkpoint's last
+  key has passed) and goes on after its last key.
   Nothing runs twice even where the checkpoint lags: the claim refuses a
   record that already has an audit entry of this rebuild;
 * **a rate** (``RateLimit``), **a progress line**, and **a report**: counts,
@@ -349,7 +352,7 @@ class Rebuild:
 
     def run(self, stop_after: int | None = None) -> Report:
         """Run the rest of the plan; ``stop_after`` events (tests: an interruption)."""
-        plan = self.source.plan()
+        plan = self._plan()
         keys = self._rest(plan)
         left = self._left(plan, keys)
         self.report.total = self.report.done + len(keys)
@@ -380,6 +383,28 @@ class Rebuild:
             self.report.failures.append({"key": key, "reason": f"cannot be rebuilt: {why}"})
         self._save("finished")
         return self.report
+
+    def _plan(self) -> list[str]:
+        """The run's frozen plan: the one stored at its first start, else planned and stored.
+
+        The checkpoint's ``last_key`` is a place in this plan, so a resumed run
+        must see the same plan: planned again, a query may also match events
+        that finished since, and an ordered one joining its entity's group can
+        move the group before ``last_key`` (simulation seed 80: the resume
+        skipped two keys its first run never ran). The archive is still read
+        (its deliveries are what ``load`` returns); only the order is kept.
+        """
+        rebuild_id, frozen = str(self.run_document["rebuild_id"]), self.run_document.get("plan")
+        size = frozen.get("keys") if isinstance(frozen, Mapping) else None
+        saved = self.store.rebuild_plan(rebuild_id) if size is not None else None
+        if saved is not None and len(saved) == size:
+            if not isinstance(self.source, StoredSource):
+                self.source.plan()
+            return saved
+        plan = self.source.plan()
+        self.store.rebuild_plan_save(rebuild_id, plan)
+        self.run_document["plan"] = {"keys": len(plan)}
+        return plan
 
     def _rest(self, plan: list[str]) -> list[str]:
         last = self.report.last_key

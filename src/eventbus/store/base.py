@@ -469,6 +469,14 @@ class RebuildStore(Clocked, Protocol):
         """Return the ``limit`` newest run documents (``started`` descending)."""
         ...
 
+    def rebuild_plan_save(self, rebuild_id: str, keys: Sequence[str]) -> None:
+        """Store rebuild ``rebuild_id``'s plan (its keys in run order), replacing any before."""
+        ...
+
+    def rebuild_plan(self, rebuild_id: str) -> list[str] | None:
+        """Return the plan ``rebuild_plan_save`` stored for ``rebuild_id``, or None."""
+        ...
+
 
 class EventStore(ProcessorStore, OutboxStore, RedriveStore, RebuildStore, Protocol):
     """Every primitive on stored events, their outboxes, guarded effects and partners.

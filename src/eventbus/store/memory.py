@@ -53,6 +53,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         self._guards: dict[str, Record] = {}
         self._partners: dict[str, Record] = {}
         self._rebuilds: dict[str, Record] = {}
+        self._rebuild_plans: dict[str, list[Record]] = {}
         self._lock = threading.RLock()
         self._lease, self._created_by, self._retention = lease, created_by, retention
         self._database = database
@@ -327,6 +328,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
             self._guards.clear()
             self._partners.clear()
             self._rebuilds.clear()
+            self._rebuild_plans.clear()
 
     def oldest_pending_outbox(self) -> datetime | None:
         """Return when the oldest PENDING outbox entry was created; None when none is."""

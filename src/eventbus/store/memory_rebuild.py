@@ -24,6 +24,7 @@ class MemoryRebuildMixin:
     _lock: threading.RLock
     _lease: timedelta
     _rebuilds: dict[str, Record]
+    _rebuild_plans: dict[str, list[Record]]
 
     if TYPE_CHECKING:  # provided by the store
         def now(self) -> datetime:
@@ -93,3 +94,14 @@ class MemoryRebuildMixin:
             runs = sorted(self._rebuilds.values(), key=lambda run: str(run.get("started", "")),
                           reverse=True)
             return copy.deepcopy(runs[:max(limit, 0)])
+
+    def rebuild_plan_save(self, rebuild_id: str, keys: Sequence[str]) -> None:
+        """Store the plan's pages (``RebuildStore.rebuild_plan_save``)."""
+        with self._lock:
+            self._rebuild_plans[rebuild_id] = rebuilds.plan_pages(rebuild_id, list(keys))
+
+    def rebuild_plan(self, rebuild_id: str) -> list[str] | None:
+        """The stored plan of ``rebuild_id`` (``RebuildStore.rebuild_plan``), or None."""
+        with self._lock:
+            pages = self._rebuild_plans.get(rebuild_id)
+            return None if pages is None else [key for page in pages for key in page["keys"]]

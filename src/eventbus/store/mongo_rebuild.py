@@ -117,7 +117,21 @@ class MongoRebuildMixin:
     def rebuild_runs(self, limit: int) -> list[Record]:
         """Return the ``limit`` newest run documents."""
         with unavailable("list rebuilds", "rebuilds"):
-            return list(self._rebuilds.find().sort("started", DESCENDING).limit(max(limit, 1)))
+            return list(self._rebuilds.find(rebuilds.RUNS).sort("started", DESCENDING)
+                        .limit(max(limit, 1)))
+
+    def rebuild_plan_save(self, rebuild_id: str, keys: Sequence[str]) -> None:
+        """Replace the plan's pages: one delete, one insert (``RebuildStore.rebuild_plan_save``)."""
+        pages = rebuilds.plan_pages(rebuild_id, list(keys))
+        with unavailable("save rebuild plan", "rebuilds"):
+            self._rebuilds.delete_many({rebuilds.PLAN_OF: rebuild_id})
+            self._rebuilds.insert_many(pages, ordered=True)
+
+    def rebuild_plan(self, rebuild_id: str) -> list[str] | None:
+        """The stored plan of ``rebuild_id``, its pages in order (``RebuildStore.rebuild_plan``)."""
+        with unavailable("read rebuild plan", "rebuilds"):
+            pages = list(self._rebuilds.find({rebuilds.PLAN_OF: rebuild_id}).sort("page", 1))
+        return [str(key) for page in pages for key in page.get("keys") or []] if pages else None
 
 
 def _claim(record: Mapping[str, Any], owner: str) -> Claim:

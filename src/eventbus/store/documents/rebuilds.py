@@ -131,6 +131,35 @@ def rebuild_finished(record: dict[str, Any], entry: Mapping[str, Any] | None,
     record.pop(LEASE, None)
 
 
+PLAN_OF = "plan_of"
+"""The field naming the rebuild a plan page belongs to (pages share the run collection)."""
+PLAN_PAGE_BYTES = 1 << 20
+"""The most key bytes in one plan page: far under a document's 16 MiB."""
+RUNS = {PLAN_OF: {"$exists": False}}
+"""The filter of run documents (not plan pages) in the run collection."""
+
+
+def plan_pages(rebuild_id: str, keys: Sequence[str],
+               page_bytes: int = PLAN_PAGE_BYTES) -> list[dict[str, Any]]:
+    """A rebuild's frozen plan as page documents (``_id`` ``ID#plan.N``), in plan order.
+
+    The plan is kept beside its run document so ``--resume`` runs exactly the
+    keys, in exactly the order, the first run planned: a query re-run later
+    may also match events that finished since and, ordered ones joining their
+    entity's group, move a group before the checkpoint's last key.
+    """
+    pages: list[list[str]] = [[]]
+    size = 0
+    for key in keys:
+        if pages[-1] and size + len(key) > page_bytes:
+            pages.append([])
+            size = 0
+        pages[-1].append(key)
+        size += len(key)
+    return [{"_id": f"{rebuild_id}#plan.{number:06d}", PLAN_OF: rebuild_id, "page": number,
+             "keys": page} for number, page in enumerate(pages)]
+
+
 def run_document(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """A rebuild's run document as stored (``_id`` the rebuild id), stamped ``updated_at``."""
     return {**dict(run), "_id": str(run["rebuild_id"]), "updated_at": now}
