@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Iterable
+from typing import Any
 
-from tests.sim.world import Shape, World, run_seed
+from tests.sim.world import Shape, World
+from tests.sim.world import run_seed as _run_seed
 
 
 @dataclasses.dataclass
@@ -40,8 +43,13 @@ def fails(world: World, family: str) -> bool:
     return violation is not None and type(violation).__name__ == family
 
 
-def shrink(seed: int, world: World | None = None, *, budget: int = 60) -> Shrunk:
-    """The smallest run of ``seed`` (at most ``budget`` re-runs) that fails the same way."""
+def shrink(seed: int, world: World | None = None, *, budget: int = 60,
+           **where: Any) -> Shrunk:
+    """The smallest run of ``seed`` (at most ``budget`` re-runs) that fails the same way.
+
+    ``where``: the world's ``store`` factory and ``start`` (``run_seed``), for MongoDB.
+    """
+    run_seed = functools.partial(_run_seed, **where)
     world = world or run_seed(seed)
     assert world.violation is not None, f"seed {seed} does not fail"  # type: ignore[attr-defined]
     family = type(world.violation).__name__  # type: ignore[attr-defined]
@@ -120,11 +128,14 @@ class Tally:
                 "failures": {str(seed): family for seed, family in self.failures.items()}}
 
 
-def play(seeds: Iterable[int], skip: Iterable[int] = ()) -> Tally:
-    """Run ``seeds`` (those in ``skip`` are counted apart: they are the known examples)."""
+def play(seeds: Iterable[int], skip: Iterable[int] = (), **where: Any) -> Tally:
+    """Run ``seeds`` (those in ``skip`` are counted apart: they are the known examples).
+
+    ``where``: the world's ``store`` factory and ``start`` (``run_seed``), for MongoDB.
+    """
     tally, skipped = Tally(), set(skip)
     for seed in seeds:
-        world = run_seed(seed)
+        world = _run_seed(seed, **where)
         tally.add(world)
         if seed in skipped:
             tally.failures.pop(seed, None)

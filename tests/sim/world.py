@@ -75,6 +75,8 @@ from tests.sim.scheduler import Abort, Actor, Crash, Scheduler
 
 LEASE = 20.0
 START = datetime(2026, 1, 1, 12, 0, 0, 500000, tzinfo=UTC)
+StoreFactory = Callable[[FakeClock], Any]
+"""Builds a world's store on its virtual clock (``World(store=...)``)."""
 SETTINGS = Settings(
     lease_seconds=LEASE, max_attempts=3, order_wait_seconds=0.0, redrive_after_seconds=61.0,
     redrive_max=3, redrive_backoff_cap_seconds=61.0, breaker_failures=3,
@@ -112,7 +114,7 @@ class SimStore:
 
     PASSIVE = frozenset({"now", "lease", "database"})
 
-    def __init__(self, store: MemoryEventStore, world: World, actor: Actor) -> None:
+    def __init__(self, store: Any, world: World, actor: Actor) -> None:
         self._store, self._world, self._actor = store, world, actor
 
     def __getattr__(self, name: str) -> Any:
@@ -230,12 +232,16 @@ class World:
     """One simulated run (see the module docstring)."""
 
     def __init__(self, seed: int, shape: Shape | None = None, *, limit: int | None = None,
-                 muted: Sequence[int] = ()) -> None:
+                 muted: Sequence[int] = (), store: StoreFactory | None = None,
+                 start: datetime = START) -> None:
         self.seed = seed
         self.rng = random.Random(seed * 7919 + 17)
         self.shape = shape or Shape.draw(random.Random(seed))
-        self.clock = FakeClock(START)
-        self.store = MemoryEventStore(lease=timedelta(seconds=LEASE), clock=self.clock)
+        self.clock = FakeClock(start)
+        self.store: Any = store(self.clock) if store is not None else \
+            MemoryEventStore(lease=timedelta(seconds=LEASE), clock=self.clock)
+        """The memory store on the virtual clock, or what ``store`` builds (``tests.sim.mongo``:
+        MongoDB, its ``$$NOW`` kept on the virtual clock)."""
         self.scheduler = Scheduler(seed, self.clock, lease=LEASE,
                                    fault_rate=self.shape.fault_rate, limit=limit, muted=muted)
         self.ledger = Ledger(max_attempts=SETTINGS.max_attempts,
@@ -903,9 +909,10 @@ def _brief(value: Any) -> str:
 
 
 def run_seed(seed: int, shape: Shape | None = None, *, limit: int | None = None,
-             muted: Sequence[int] = (), tracing: bool = False) -> World:
+             muted: Sequence[int] = (), tracing: bool = False,
+             store: StoreFactory | None = None, start: datetime = START) -> World:
     """Play one seed; the world (its scheduler's counts and trace) whether it failed or not."""
-    world = World(seed, shape, limit=limit, muted=muted)
+    world = World(seed, shape, limit=limit, muted=muted, store=store, start=start)
     world.scheduler.tracing = tracing
     try:
         world.play()
