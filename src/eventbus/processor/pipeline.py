@@ -310,15 +310,9 @@ class Processor:
             # (or wait for a thread), so a lane's first event may start long after the
             # claim took its hold, behind another lane's handler the process was paused in.
             if lane.entity_key and not self._still_held(lane):
-                # The hold lapsed (a pause longer than the lease): another instance
-                # may hold the entity now, so the rest of the lane goes back.
-                for rest in lane.items[index:]:
-                    rest.pending = self.lanes.busy(rest)
+                self._give_rest_back(lane, index)
                 return
-            stale = self._stale(item, lane) if lane.entity_key else None
-            if stale is not None:
-                item.pending = stale
-            else:
+            if not self._kept_stale(item, lane):
                 self._run(item, leases[item.key], alone, lane)
 
     async def _run_lane_async(self, lane: Lane, leases: Mapping[str, Lease]) -> None:
@@ -332,14 +326,25 @@ class Processor:
                 # Before every event, the first too (as ``_run_lane``); a confirmation is a
                 # round trip, so it is asked in a thread.
                 if lane.entity_key and not await _in_thread(self._still_held, lane):
-                    for rest in lane.items[index:]:
-                        rest.pending = self.lanes.busy(rest)
+                    self._give_rest_back(lane, index)
                     return
-                stale = self._stale(item, lane) if lane.entity_key else None
-                if stale is not None:
-                    item.pending = stale
-                elif not await self._run_async(item, leases[item.key], lane):
+                if not self._kept_stale(item, lane) and \
+                        not await self._run_async(item, leases[item.key], lane):
                     return  # shutdown cancelled its handler: it and the rest go back
+
+    def _give_rest_back(self, lane: Lane, index: int) -> None:
+        """The hold lapsed (a pause longer than the lease) before ``lane.items[index]``:
+        another instance may hold the entity now, so that event and the rest go back busy."""
+        for rest in lane.items[index:]:
+            rest.pending = self.lanes.busy(rest)
+
+    def _kept_stale(self, item: Item, lane: Lane) -> bool:
+        """True when ``item`` is older than its entity's applied position: its stale
+        outcome is set instead of running it (both lane walks decide here)."""
+        stale = self._stale(item, lane) if lane.entity_key else None
+        if stale is not None:
+            item.pending = stale
+        return stale is not None
 
     def _give_back_unrun(self, lanes: list[Lane]) -> None:
         """Give back each event of ``lanes`` that has no outcome: shutdown cancelled its lane
