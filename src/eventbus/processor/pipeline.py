@@ -312,7 +312,8 @@ class Processor:
             if lane.entity_key and not self._still_held(lane):
                 self._give_rest_back(lane, index)
                 return
-            if not self._kept_stale(item, lane):
+            # An unordered lane asks nothing (a push's walk pays no call: test_walk_budget).
+            if not (lane.entity_key and self._kept_stale(item, lane)):
                 self._run(item, leases[item.key], alone, lane)
 
     async def _run_lane_async(self, lane: Lane, leases: Mapping[str, Lease]) -> None:
@@ -328,7 +329,7 @@ class Processor:
                 if lane.entity_key and not await _in_thread(self._still_held, lane):
                     self._give_rest_back(lane, index)
                     return
-                if not self._kept_stale(item, lane) and \
+                if not (lane.entity_key and self._kept_stale(item, lane)) and \
                         not await self._run_async(item, leases[item.key], lane):
                     return  # shutdown cancelled its handler: it and the rest go back
 
@@ -339,9 +340,9 @@ class Processor:
             rest.pending = self.lanes.busy(rest)
 
     def _kept_stale(self, item: Item, lane: Lane) -> bool:
-        """True when ``item`` is older than its entity's applied position: its stale
-        outcome is set instead of running it (both lane walks decide here)."""
-        stale = self._stale(item, lane) if lane.entity_key else None
+        """True when ``item`` of an ordered lane is older than its entity's applied position:
+        its stale outcome is set instead of running it (both lane walks decide here)."""
+        stale = self._stale(item, lane)
         if stale is not None:
             item.pending = stale
         return stale is not None
