@@ -742,12 +742,16 @@ async def _settled(bookkeeping: Awaitable[None]) -> bool:
 
     Shielded: a cancellation (shutdown) that lands here must not drop an answer
     the partner already gave, or the guard would release its key and a
-    redelivery call the partner again (issue 39, simulation seed 271).
+    redelivery call the partner again (issue 39, simulation seed 271). Every
+    cancellation is absorbed until the count has landed (a shutdown whose
+    grace ran out cancels a second time), then the caller goes on.
     """
     job = asyncio.ensure_future(bookkeeping)
-    try:
-        await asyncio.shield(job)
-    except asyncio.CancelledError:
-        await asyncio.wait([job])  # the breaker's count still lands, then the caller goes on
-        return True
-    return False
+    cancelled = False
+    while not job.done():
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            cancelled = True
+    job.result()  # the bookkeeping's own error, raised as an unshielded await raised it
+    return cancelled
