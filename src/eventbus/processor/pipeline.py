@@ -125,7 +125,10 @@ class Processor:
         self._span_scoped = any(hook.scopes_logs for hook in self.middleware)
         self.classifier = classifier or Classifier()
         self.heartbeat = heartbeat or Heartbeat(store, now=now)
-        self.guard = Guard(store, lease=store.lease, now=now, keep=self.heartbeat.guarding)
+        # The guard's SUCCESS-write retries wait on the processor's own clocks (a test's
+        # fake clock, the simulation's virtual time), as the lanes and partners do.
+        self.guard = Guard(store, lease=store.lease, now=now, keep=self.heartbeat.guarding,
+                           sleep=sleep, monotonic=monotonic)
         self.partners = Partners(store, settings, now=now, classifier=self.classifier,
                                  sleep=sleep, monotonic=monotonic)
         self.intake, self.rejections = Intake(store, router), Rejections(store, now)

@@ -143,7 +143,8 @@ class ReplayProcessor(Processor):
                          heartbeat=Heartbeat(self._leases, now=now), **options)
         self.rebuilds, self.replay = store, replay
         self.guard = ReplayGuard(store, lease=store.lease, now=now,
-                                 keep=self.heartbeat.guarding, new_calls=replay.new_calls)
+                                 keep=self.heartbeat.guarding, new_calls=replay.new_calls,
+                                 sleep=self.guard.sleep, monotonic=self.guard.monotonic)
         if not replay.new_calls:
             self.partners.refused = "a rebuild makes it only with --allow-new-calls"
         self._records: dict[int, Record | None] = {}
