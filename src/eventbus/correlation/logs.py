@@ -132,9 +132,13 @@ def severity_for(status: int, outcome: str = "") -> int:
     return logging.INFO
 
 
-def request_line(fields: Mapping[str, Any]) -> None:
-    """Emit the one ``REQUEST_INBOUND`` line of a request (seed 004's fields)."""
-    level = severity_for(int(fields.get("status", 0)), str(fields.get("outcome", "")))
+def request_line(fields: Mapping[str, Any], level: int | None = None) -> None:
+    """Emit the one ``REQUEST_INBOUND`` line of a request (seed 004's fields).
+
+    ``level``: the caller's (a push's outcome has its own); else ``severity_for``.
+    """
+    if level is None:
+        level = severity_for(int(fields.get("status", 0)), str(fields.get("outcome", "")))
     if not _REQUESTS.isEnabledFor(level):
         return
     message = f"{fields.get('method')} {fields.get('path')} {fields.get('status')}"

@@ -1,8 +1,19 @@
-"""What happened to one delivery; ``eventbus.web.http_status`` maps each to an HTTP status."""
+"""What happened to one delivery, and each outcome's facts in one table (``FACTS``).
+
+Every place that acts on an outcome reads its row here: the push answer's
+HTTP status (``eventbus.web.http_status``: 2xx acks, anything else makes
+Pub/Sub redeliver with backoff), the pull worker's ack or nack and its
+request line, the error classification a body carries, the request line's
+log level, and whether a rebuild runs the event again in the same run.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 
 
 class Outcome(enum.Enum):
@@ -25,7 +36,43 @@ class Outcome(enum.Enum):
     as stale, never run (acked)."""
 
     @property
+    def facts(self) -> Facts:
+        """This outcome's row of ``FACTS``."""
+        return FACTS[self]
+
+    @property
     def acked(self) -> bool:
-        """True when Pub/Sub must stop delivering the message."""
-        return self in {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.CONFLICT,
-                        Outcome.PARKED, Outcome.STALE}
+        """True when Pub/Sub must stop delivering the message (its status is a 2xx)."""
+        return FACTS[self].status < 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What one outcome means to Pub/Sub, to a response body, to the logs and to a rebuild."""
+
+    status: int
+    """The push answer's HTTP status; under 300 acks (pull: ack, else nack)."""
+    level: int
+    """The request line's log level when the answer is this status."""
+    classification: str | None = None
+    """The error classification a response body carries; None: no error."""
+    again: bool = False
+    """A rebuild runs the event again in the same run (its entity busy, the store away)."""
+
+
+FACTS: Mapping[Outcome, Facts] = MappingProxyType({
+    Outcome.PROCESSED: Facts(200, logging.INFO),
+    Outcome.DUPLICATE: Facts(200, logging.INFO),
+    # Acked: the record is FAILED for good; an operator's attention, hence ERROR.
+    Outcome.REJECTED: Facts(200, logging.ERROR, "permanent"),
+    Outcome.RETRY: Facts(503, logging.WARNING, "transient"),
+    Outcome.IN_PROGRESS: Facts(503, logging.WARNING, "in_progress", again=True),
+    Outcome.UNAVAILABLE: Facts(503, logging.WARNING, "store_unavailable", again=True),
+    Outcome.CONFLICT: Facts(200, logging.INFO, "conflict"),
+    Outcome.LEASE_LOST: Facts(503, logging.WARNING, "lease_lost", again=True),
+    # Acked: the store redrives a parked event when its partner takes calls again, and a
+    # 503 would slow every other partner's pushes.
+    Outcome.PARKED: Facts(200, logging.INFO, "parked"),
+    Outcome.STALE: Facts(200, logging.INFO),
+})
+"""Each outcome's facts: the one table (issue 41)."""

@@ -53,7 +53,7 @@ from eventbus.workers.rate import RateLimit
 from eventbus.workers.rebuild import NotReplayable, ordering_key, stored_attributes, stored_event
 
 PLAN_FIELDS = ("idempotency_key", "created", "order", "event_status")
-AGAIN = (Outcome.IN_PROGRESS, Outcome.UNAVAILABLE, Outcome.LEASE_LOST)
+AGAIN = tuple(outcome for outcome in Outcome if outcome.facts.again)
 """Outcomes that leave the event to run again in this rebuild (busy, store away)."""
 _MOST_LISTED = 200
 """The most failures and new children a run document keeps (the report has them all)."""

@@ -18,33 +18,14 @@ from eventbus.model.errors import RequestError
 from eventbus.model.outcome import Outcome
 from eventbus.processor import Result
 
-STATUS: dict[Outcome, int] = {
-    Outcome.PROCESSED: 200,
-    Outcome.DUPLICATE: 200,
-    Outcome.REJECTED: 200,
-    Outcome.RETRY: 503,
-    Outcome.IN_PROGRESS: 503,
-    Outcome.UNAVAILABLE: 503,
-    Outcome.CONFLICT: 200,
-    Outcome.LEASE_LOST: 503,
-    # Acked: the store redrives a parked event when its partner takes calls
-    # again, and a 503 would slow every other partner's pushes.
-    Outcome.PARKED: 200,
-    Outcome.STALE: 200,
-}
+STATUS: dict[Outcome, int] = {outcome: outcome.facts.status for outcome in Outcome}
+"""Each outcome's HTTP status (``eventbus.model.outcome.FACTS``)."""
 # A failure of our own code outside any handler: nack, so nothing is lost.
 INTERNAL_ERROR_STATUS = 503
 
 
-CLASSIFICATION: dict[str, str] = {
-    "rejected": "permanent",
-    "conflict": "conflict",
-    "retry": "transient",
-    "in_progress": "in_progress",
-    "unavailable": "store_unavailable",
-    "lease_lost": "lease_lost",
-    "parked": "parked",
-}
+CLASSIFICATION: dict[str, str] = {outcome.value: outcome.facts.classification
+                                  for outcome in Outcome if outcome.facts.classification}
 """How each failed outcome (by its value) is classified in the body; no entry: no error."""
 _DEFAULT_TYPE = {"unavailable": "StoreUnavailable", "in_progress": "LeaseHeld",
                  "lease_lost": "LeaseLost"}

@@ -33,6 +33,7 @@ from werkzeug.wsgi import get_content_length, get_input_stream
 from eventbus.correlation import logs, tracecontext
 from eventbus.correlation.outbound import http_request
 from eventbus.model.errors import PayloadTooLarge, RequestError, StoreUnavailable
+from eventbus.model.outcome import FACTS
 from eventbus.processor import Processor, Result
 from eventbus.pubsub.envelope import parse_delivery
 from eventbus.pubsub.push_auth import Authenticator
@@ -296,10 +297,14 @@ def _log(environ: dict[str, Any], request_id: str, status: int, started: float,
                                     extra={"requestSize": environ.get("CONTENT_LENGTH") or "0",
                                            "protocol": environ.get("SERVER_PROTOCOL", "")}),
     }
+    level = None
     if result is not None:
         fields.update(outcome=result.outcome.value, idempotency_key=result.key,
                       event_type=result.event_type, attempt=result.attempt)
-    logs.request_line(fields)
+        facts = FACTS[result.outcome]  # a lookup, not the property: a push's walk budget
+        # The outcome's level when its own status was answered.
+        level = facts.level if status == facts.status else None
+    logs.request_line(fields, level)
 
 
 def _wsgi_text(environ: dict[str, Any], name: str) -> str:

@@ -261,9 +261,10 @@ def create_worker(router: Router, settings: Settings | None = None,
 def _request_line(message: PulledMessage, result: Result, subscription: str,
                   seconds: float, *, acked: bool) -> None:
     """The push path's ``REQUEST_INBOUND`` line, for a pulled message (``method`` PULL)."""
-    status = 200 if acked else 503
-    level = logging.ERROR if result.outcome.value == "rejected" else \
-        logging.INFO if status == 200 else logging.WARNING
+    # The outcome's own status and level (``FACTS``), unless the batch nacks an acked
+    # outcome (a later message of a nacked ordering key): a nack, a warning.
+    facts = result.outcome.facts
+    status, level = (facts.status, facts.level) if acked else (503, logging.WARNING)
     request_log.log(level, "PULL %s %s", subscription, result.outcome.value, extra={
         "logType": "REQUEST_INBOUND", "method": "PULL", "path": subscription,
         "status": status, "outcome": result.outcome.value, "idempotency_key": result.key,
