@@ -16,6 +16,10 @@ def test_every_outcome_has_one_row_and_acks_exactly_when_its_status_is_2xx() -> 
                      Outcome.PARKED, Outcome.STALE}
     assert all(200 <= FACTS[o].status < 300 for o in acked)
     assert all(FACTS[o].status == 503 for o in set(Outcome) - acked)
+    # Final only where acked; a parked event is acked and still runs again (redrive).
+    final = {outcome for outcome in Outcome if FACTS[outcome].final}
+    assert final == acked - {Outcome.PARKED}
+    assert not any(FACTS[o].again for o in final)
 
 
 def test_the_push_answer_the_body_and_the_rebuild_read_the_table() -> None:

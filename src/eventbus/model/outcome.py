@@ -56,23 +56,26 @@ class Facts:
     """The request line's log level when the answer is this status."""
     classification: str | None = None
     """The error classification a response body carries; None: no error."""
+    final: bool = False
+    """Nothing runs the event again by itself: its record is settled (a redelivery is a
+    duplicate). Not final: Pub/Sub redelivers it (a nack) or the store redrives it."""
     again: bool = False
     """A rebuild runs the event again in the same run (its entity busy, the store away)."""
 
 
 FACTS: Mapping[Outcome, Facts] = MappingProxyType({
-    Outcome.PROCESSED: Facts(200, logging.INFO),
-    Outcome.DUPLICATE: Facts(200, logging.INFO),
+    Outcome.PROCESSED: Facts(200, logging.INFO, final=True),
+    Outcome.DUPLICATE: Facts(200, logging.INFO, final=True),
     # Acked: the record is FAILED for good; an operator's attention, hence ERROR.
-    Outcome.REJECTED: Facts(200, logging.ERROR, "permanent"),
+    Outcome.REJECTED: Facts(200, logging.ERROR, "permanent", final=True),
     Outcome.RETRY: Facts(503, logging.WARNING, "transient"),
     Outcome.IN_PROGRESS: Facts(503, logging.WARNING, "in_progress", again=True),
     Outcome.UNAVAILABLE: Facts(503, logging.WARNING, "store_unavailable", again=True),
-    Outcome.CONFLICT: Facts(200, logging.INFO, "conflict"),
+    Outcome.CONFLICT: Facts(200, logging.INFO, "conflict", final=True),
     Outcome.LEASE_LOST: Facts(503, logging.WARNING, "lease_lost", again=True),
-    # Acked: the store redrives a parked event when its partner takes calls again, and a
-    # 503 would slow every other partner's pushes.
+    # Acked, not final: the store redrives a parked event when its partner takes calls
+    # again, and a 503 would slow every other partner's pushes.
     Outcome.PARKED: Facts(200, logging.INFO, "parked"),
-    Outcome.STALE: Facts(200, logging.INFO),
+    Outcome.STALE: Facts(200, logging.INFO, final=True),
 })
 """Each outcome's facts: the one table (issue 41)."""
