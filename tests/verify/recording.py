@@ -34,17 +34,18 @@ SAMPLE = ROOT / "handlers" / "samples" / "verify_sample.jsonl"
 
 
 def run_demo(partner_template: str) -> LocalBus:
-    """The demo events run through the partner app, cascades and all, on LocalBus."""
+    """The demo events run through the partner app, cascades and all, on LocalBus (closed:
+    its store is what is read)."""
     router = create_router(AppSettings(partners=PartnerSettings(url=partner_template)))
-    bus = LocalBus(router, database=mongomock.MongoClient(tz_aware=True)["demo"])
-    for spec in json.loads(DEMO.read_text()):
-        if "raw" in spec:
-            continue  # an invalid payload: stored FAILED, nothing to verify
-        bus.publish(spec["event_type"], spec.get("data", {}), entity=spec["entity"],
-                    version=spec.get("event_version", "v1"),
-                    idempotency_key=spec.get("idempotency_key"),
-                    ordering_key=spec.get("ordering_key"))
-        bus.clock.advance(1)
+    with LocalBus(router, database=mongomock.MongoClient(tz_aware=True)["demo"]) as bus:
+        for spec in json.loads(DEMO.read_text()):
+            if "raw" in spec:
+                continue  # an invalid payload: stored FAILED, nothing to verify
+            bus.publish(spec["event_type"], spec.get("data", {}), entity=spec["entity"],
+                        version=spec.get("event_version", "v1"),
+                        idempotency_key=spec.get("idempotency_key"),
+                        ordering_key=spec.get("ordering_key"))
+            bus.clock.advance(1)
     return bus
 
 

@@ -46,11 +46,12 @@ RENAMED = app(renamed_step)
 
 
 def run(router: Router, numbers: Sequence[int]) -> tuple[LocalBus, list[Message]]:
-    """The orders ``numbers`` run on LocalBus; every bus message, in the order published."""
-    bus = LocalBus(router)
-    for n in numbers:
-        bus.publish("ORDER", {"n": n, "orderId": 100 + n}, entity=ENTITY)
-        bus.clock.advance(1)
+    """The orders ``numbers`` run on LocalBus (closed: its store is what the tests read);
+    every bus message, in the order published."""
+    with LocalBus(router) as bus:
+        for n in numbers:
+            bus.publish("ORDER", {"n": n, "orderId": 100 + n}, entity=ENTITY)
+            bus.clock.advance(1)
     return bus, list(bus.messages.values())
 
 
@@ -125,16 +126,15 @@ def test_an_event_whose_record_exists_is_verified_on_the_record(tmp_path: Path) 
     index = index_archive(read_archive(tmp_path))
     events, _ = select_archived(index, EventQuery())
     records = {key: r for key in index.events if (r := stored.store.get(key)) is not None}
-    verifier = Verifier(BASE, ArchiveLookups(StoreLookups(stored.store), index))
-    verdicts = list(ArchiveVerifier(verifier, index, records, settle=dt.timedelta(0))
-                    .verify(events))
+    with Verifier(BASE, ArchiveLookups(StoreLookups(stored.store), index)) as verifier:
+        verdicts = list(ArchiveVerifier(verifier, index, records, settle=dt.timedelta(0))
+                        .verify(events))
     assert [(v.event_type, v.basis) for v in verdicts if v.basis == "record"] == \
         [("ORDER", "record"), ("ORDER", "record")]
     # Without the records, the same archive shows the missing children as differences.
-    alone = ArchiveVerifier(Verifier(BASE, ArchiveLookups(StoreLookups(MemoryEventStore()),
-                                                          index)),
-                            index, {}, settle=dt.timedelta(0))
-    judged = [alone.verify_one(event) for event in events]
+    with Verifier(BASE, ArchiveLookups(StoreLookups(MemoryEventStore()), index)) as verifier:
+        alone = ArchiveVerifier(verifier, index, {}, settle=dt.timedelta(0))
+        judged = [alone.verify_one(event) for event in events]
     assert [v.state for v in judged if v.event_type == "ORDER"] == ["different", "different",
                                                                       "same"]
 

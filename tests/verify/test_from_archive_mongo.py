@@ -24,10 +24,10 @@ def test_archived_events_verify_on_their_mongo_records_and_change_nothing(
         store: MongoEventStore, mongo_db: Database, tmp_path: Path) -> None:
     # Two hours back: the server's TTL monitor deletes records from the past.
     clock = FakeClock(dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=2))
-    bus = LocalBus(BASE, store, clock=clock)
-    for n in (0, 1):
-        bus.publish("ORDER", {"n": n, "orderId": 100 + n}, entity=ENTITY)
-        bus.clock.advance(1)
+    with LocalBus(BASE, store, clock=clock) as bus:
+        for n in (0, 1):
+            bus.publish("ORDER", {"n": n, "orderId": 100 + n}, entity=ENTITY)
+            bus.clock.advance(1)
     _, elsewhere = run(BASE, [2])
     archive(tmp_path / "a.avro", [*bus.messages.values(), *elsewhere])
     before = snapshot(mongo_db)

@@ -42,12 +42,12 @@ def test_verify_on_mongo_changes_nothing_and_calls_no_one(store: MongoEventStore
         router = create_router(AppSettings(partners=PartnerSettings(url=partner.template)))
         # Two hours back: the server's TTL monitor deletes records from the past.
         clock = FakeClock(dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=2))
-        bus = LocalBus(router, store, clock=clock)
-        for spec in json.loads(DEMO.read_text())[:12]:
-            if "raw" not in spec:
-                bus.publish(spec["event_type"], spec.get("data", {}), entity=spec["entity"],
-                            version=spec.get("event_version", "v1"),
-                            ordering_key=spec.get("ordering_key"))
+        with LocalBus(router, store, clock=clock) as bus:
+            for spec in json.loads(DEMO.read_text())[:12]:
+                if "raw" not in spec:
+                    bus.publish(spec["event_type"], spec.get("data", {}), entity=spec["entity"],
+                                version=spec.get("event_version", "v1"),
+                                ordering_key=spec.get("ordering_key"))
         calls = len(partner.calls)
         assert calls > 0 and mongo_db["side_effects"].count_documents({}) > 0
         before = snapshot(mongo_db)
@@ -61,7 +61,8 @@ def test_verify_on_mongo_changes_nothing_and_calls_no_one(store: MongoEventStore
         assert len(partner.calls) == calls
     # The sample recorded from mongo verifies on its own, with no store at all.
     read = parse_sample(sample.encode(), "sample")
-    report = Verifier(app_router(), read.lookups).run(read.items)
+    with Verifier(app_router(), read.lookups) as verifier:
+        report = verifier.run(read.items)
     assert report.exit_code() == 0 and report.counts()["same"] > 0
 
 
@@ -70,17 +71,17 @@ def test_a_stored_guard_result_is_read_never_written(store: MongoEventStore,
     with PartnerServer() as partner:
         router = create_router(AppSettings(partners=PartnerSettings(url=partner.template)))
         clock = FakeClock(dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=2))
-        bus = LocalBus(router, store, clock=clock)
         spec = next(s for s in json.loads(DEMO.read_text())
                     if s.get("data", {}).get("orderStatusLatest") == "OR_CNF")
-        bus.publish(spec["event_type"], spec["data"], entity=spec["entity"],
-                    version=spec["event_version"], ordering_key=spec.get("ordering_key"))
+        with LocalBus(router, store, clock=clock) as bus:
+            bus.publish(spec["event_type"], spec["data"], entity=spec["entity"],
+                        version=spec["event_version"], ordering_key=spec.get("ordering_key"))
         before, calls = snapshot(mongo_db), len(partner.calls)
         lookups = StoreLookups(store)
         records = sorted(store.find_events(_success(), limit=10), key=lambda r: r["created"])
-        report = Verifier(router, lookups,
-                          databases=lambda: mongomock.MongoClient(tz_aware=True)["v"]
-                          ).run(records)
+        with Verifier(router, lookups,
+                      databases=lambda: mongomock.MongoClient(tz_aware=True)["v"]) as verifier:
+            report = verifier.run(records)
         assert report.counts()["same"] == len(records) == 3  # order, notify, notify-sent
         assert list(lookups.side_effects) == [r["idempotency_key"] for r in records
                                               if r["event_type"] == "PARTNER_NOTIFY"]

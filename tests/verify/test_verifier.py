@@ -8,7 +8,9 @@ handler that raises, a partner called outside the guard, a guarded effect.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,16 +53,18 @@ def two_steps(context: Context) -> None:
 
 
 def recorded(router: Router, count: int = 2) -> tuple[LocalBus, list[Mapping[str, Any]]]:
-    bus = LocalBus(router)
-    for n in range(count):
-        bus.publish("ORDER", {"n": n, "orderId": 100 + n}, entity=ENTITY)
-        bus.clock.advance(1)
+    """The bus (closed: its store is what the tests read) and its SUCCESS records, oldest first."""
+    with LocalBus(router) as bus:
+        for n in range(count):
+            bus.publish("ORDER", {"n": n, "orderId": 100 + n}, entity=ENTITY)
+            bus.clock.advance(1)
     records = bus.store.find_events(EventQuery(statuses=("SUCCESS",)), limit=100)
     return bus, sorted(records, key=lambda r: r["created"])
 
 
 def verify(router: Router, bus: LocalBus, records: list[Mapping[str, Any]]) -> Report:
-    return Verifier(router, StoreLookups(bus.store)).run(records)
+    with Verifier(router, StoreLookups(bus.store)) as verifier:
+        return verifier.run(records)
 
 
 def test_an_unchanged_app_emits_what_was_recorded() -> None:
@@ -198,7 +202,8 @@ def test_a_guarded_effect_answers_its_stored_result_and_never_runs() -> None:
         def side_effect(self, key: str) -> Mapping[str, Any] | None:
             return None
 
-    forgot = Verifier(app(guarded), Forgetful(bus.store)).run(records)
+    with Verifier(app(guarded), Forgetful(bus.store)) as verifier:
+        forgot = verifier.run(records)
     # With no stored result the stand-in ({}) makes the handler fail, never call.
     assert {v.state for v in forgot.verdicts if v.event_type == "ORDER"} == {"unverifiable"}
     assert len(calls) == 2
@@ -222,6 +227,27 @@ def test_selection_by_type_and_a_keys_file(tmp_path: Any) -> None:
     code, out, _ = cli_run(bus.store, "verify", "--app", "tests.verify.test_verifier:BASE",
                            "--keys", str(keys))
     assert code == 1 and "1 same" in out and "nope" in out and "no stored record" in out
+
+
+def test_close_ends_the_sandbox_processors_threads() -> None:
+    routes = app(two_steps)
+
+    @routes.handler("ASYNC")
+    async def awaits(context: Context) -> None:
+        await asyncio.sleep(0)
+        two_steps(context)
+
+    with LocalBus(routes) as bus:
+        bus.publish("ASYNC", {"n": 1}, entity=ENTITY)
+        records = bus.store.find_events(EventQuery(statuses=("SUCCESS",)), limit=100)
+    before = set(threading.enumerate())
+    with Verifier(routes, StoreLookups(bus.store)) as verifier:
+        assert verifier.run(records).counts()["same"] == len(records) == 3
+        started = set(threading.enumerate()) - before
+        # The heartbeat's, and the async handler's loop and its watchdog.
+        assert {"eventbus-heartbeat", "eventbus-async"} <= {t.name for t in started}
+    assert [t.name for t in started if t.is_alive()] == []
+    verifier.close()  # a second close is harmless
 
 
 @pytest.mark.parametrize("argv", [["--sample", "/nonexistent/file.jsonl"],

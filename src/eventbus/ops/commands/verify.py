@@ -118,12 +118,14 @@ def cmd_verify(args: argparse.Namespace, tools: Tools) -> int:
         return _print(from_archive(args, tools, router), args, tools)
     if args.sample is not None:
         sample = parse_sample(_read(args.sample), str(args.sample))
-        report = Verifier(router, sample.lookups, tools.settings).run(sample.items)
+        with Verifier(router, sample.lookups, tools.settings) as verifier:
+            report = verifier.run(sample.items)
         return _print(report, args, tools)
     store = tools.store()
     lookups = StoreLookups(store)
     records, missing = select(args, store)
-    report = Verifier(router, lookups, tools.settings).run(records)
+    with Verifier(router, lookups, tools.settings) as verifier:
+        report = verifier.run(records)
     report.verdicts[:0] = [Verdict(key, "unverifiable", reason="no stored record")
                            for key in missing]
     if args.record_sample is not None:
@@ -150,9 +152,10 @@ def from_archive(args: argparse.Namespace, tools: Tools, router: Router) -> Repo
     chosen = [event.key for event in events]
     for start in range(0, len(chosen), _PAGE):
         stored.update({_key(r): r for r in store.get_many(chosen[start:start + _PAGE])})
-    verifier = Verifier(router, ArchiveLookups(StoreLookups(store), index), tools.settings)
-    checker = ArchiveVerifier(verifier, index, stored, settle=args.settle)
-    report = Report(list(checker.verify(events)))
+    with Verifier(router, ArchiveLookups(StoreLookups(store), index),
+                  tools.settings) as verifier:
+        checker = ArchiveVerifier(verifier, index, stored, settle=args.settle)
+        report = Report(list(checker.verify(events)))
     report.verdicts[:0] = [Verdict(key, "unverifiable", reason="not in the archive")
                            for key in missing]
     return report

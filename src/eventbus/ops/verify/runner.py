@@ -113,7 +113,9 @@ class Verifier:
     """Runs records through ``router`` in a sandbox reading ``lookups`` (module doc).
 
     ``databases`` makes the handlers' database for each event (default: an
-    empty mongomock one, ``sandbox.sandbox_databases``).
+    empty mongomock one, ``sandbox.sandbox_databases``). Its processor keeps
+    threads (the heartbeat's, an ``async def`` handler's loop): ``close()``, or
+    ``with Verifier(...) as verifier:``, ends them.
     """
 
     def __init__(self, router: Router, lookups: Lookups, settings: Settings | None = None, *,
@@ -138,6 +140,18 @@ class Verifier:
     def run(self, records: Iterable[Mapping[str, Any] | BadInput]) -> Report:
         """``verify`` into a ``Report``."""
         return Report(list(self.verify(records)))
+
+    def close(self) -> None:
+        """Stop the sandbox processor's threads (``Processor.close``); every one joined."""
+        self.processor.close(grace=0)
+
+    def __enter__(self) -> Verifier:
+        """``with Verifier(...) as verifier:`` closes it at the end."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the verifier."""
+        self.close()
 
     def verify_one(self, record: Mapping[str, Any], *, forwards: bool = True) -> Verdict:
         """The verdict of one stored record; never raises for what the record holds.
