@@ -18,6 +18,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from tests.closing import close_all
 from tests.servers import SHARED_DIR, unavailable
 
 # The suite's own plugins: hypothesis's profiles and one-example reports, the leak check,
@@ -91,6 +92,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     finally:
         shutil.rmtree(shared, ignore_errors=True)
         os.environ.pop(SHARED_DIR, None)
+
+
+@pytest.fixture(autouse=True)
+def _closes_what_helpers_built() -> Iterator[None]:
+    """Close what the test's helpers built for it (``tests.closing.closed_after_test``)."""
+    yield
+    close_all()
 
 
 def require_server(what: str, error: BaseException) -> None:

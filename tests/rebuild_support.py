@@ -2,7 +2,9 @@
 job over it, its audit entries, and a crash between two store writes.
 
 Used by ``tests/review/test_rebuild_probes.py`` and ``tests/unit/test_rebuild_faults.py``,
-so a change to how a rebuild is assembled is made once.
+so a change to how a rebuild is assembled is made once. The buses and the jobs' processors
+built here keep threads (a heartbeat, a handler loop): each is closed when its test ends
+(``tests.closing``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import FakeClock, LocalBus
+from tests.closing import closed_after_test
 
 ENTITY = {"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}
 LEASE = 60.0
@@ -34,7 +37,7 @@ def local_bus(router: Router, *, lease: float = LEASE) -> LocalBus:
     clock = FakeClock()
     settings = Settings(relay_inline=False, lease_seconds=lease, order_wait_seconds=0.1)
     store = MemoryEventStore(lease=dt.timedelta(seconds=lease), clock=clock)
-    return LocalBus(router, store, settings=settings, clock=clock)
+    return closed_after_test(LocalBus(router, store, settings=settings, clock=clock))
 
 
 def job(bus: LocalBus, router: Router, *, keys: tuple[str, ...] = (),
@@ -49,9 +52,10 @@ def job(bus: LocalBus, router: Router, *, keys: tuple[str, ...] = (),
     replay = Replay(str(run["rebuild_id"]), "ops@example", "probe", bus.clock(),
                     new_calls=flags.get("new_calls", False),
                     emit_new=flags.get("emit_new", False))
-    processor = ReplayProcessor(bus.store, router, bus.settings, bus.clock, replay,
-                                after_success=bus.relay, sleep=bus.clock.sleep,
-                                monotonic=bus.clock.monotonic)
+    processor = closed_after_test(ReplayProcessor(bus.store, router, bus.settings, bus.clock,
+                                                  replay, after_success=bus.relay,
+                                                  sleep=bus.clock.sleep,
+                                                  monotonic=bus.clock.monotonic))
     source: Any = ArchiveSource(bus.store, str(archive), processor.locate,
                                 selection=selection) if archive else \
         StoredSource(bus.store, Selection.from_json(run["selection"]))

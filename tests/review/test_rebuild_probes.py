@@ -561,8 +561,9 @@ def _verify_app(stamp: Callable[[Context], Any], *, writes: bool = False) -> Rou
 
 
 def _recorded(router: Router, database: Any = None) -> tuple[LocalBus, list[Any]]:
-    bus = LocalBus(router, database=database)
-    bus.publish("ORDER", {"n": 1}, entity=ENTITY)
+    """The bus (closed: its store and clock are what the tests use) and its ORDER record."""
+    with LocalBus(router, database=database) as bus:
+        bus.publish("ORDER", {"n": 1}, entity=ENTITY)
     records = bus.store.find_events(EventQuery(statuses=("SUCCESS",), event_type="ORDER"),
                                     limit=10)
     return bus, records
@@ -575,7 +576,8 @@ def test_verify_never_writes_to_the_handlers_real_database(mongo_db: Any) -> Non
     app = _verify_app(lambda context: 1, writes=True)
     bus, records = _recorded(app, database=mongo_db)
     assert mongo_db["projection"].count_documents({}) == 1
-    report = Verifier(app, StoreLookups(bus.store)).run(records)
+    with Verifier(app, StoreLookups(bus.store)) as verifier:
+        report = verifier.run(records)
     assert report.counts()["same"] == 1 and report.exit_code() == 0
     assert mongo_db["projection"].count_documents({}) == 1  # the sandbox's, not this one
 
@@ -587,7 +589,8 @@ def test_verify_flags_a_handler_that_reads_the_wall_clock() -> None:
     ticks = iter(range(1000))
     app = _verify_app(lambda context: next(ticks))  # stands in for datetime.now()
     bus, records = _recorded(app)
-    report = Verifier(app, StoreLookups(bus.store)).run(records)
+    with Verifier(app, StoreLookups(bus.store)) as verifier:
+        report = verifier.run(records)
     assert report.counts().get("different") == 1 and report.exit_code() == 1
 
 
@@ -596,17 +599,22 @@ def test_verify_after_a_rebuild_passes_an_unchanged_app_that_uses_context_now() 
 
     app = _verify_app(lambda context: context.now().isoformat())
     bus, records = _recorded(app)
-    assert Verifier(app, StoreLookups(bus.store)).run(records).exit_code() == 0
+    with Verifier(app, StoreLookups(bus.store)) as verifier:
+        assert verifier.run(records).exit_code() == 0
     bus.clock.advance(3600)
     selection = Selection(EventQuery(event_type="ORDER"))
     run = new_run(by="ops", why="probe", started=bus.clock(), selection=selection, flags={})
     replay = Replay(str(run["rebuild_id"]), "ops", "probe", bus.clock())
     processor = ReplayProcessor(bus.store, app, bus.settings, bus.clock, replay,
                                 sleep=bus.clock.sleep, monotonic=bus.clock.monotonic)
-    assert Rebuild(bus.store, processor, StoredSource(bus.store, selection), run,
-                   sleep=bus.clock.sleep, monotonic=bus.clock.monotonic).run().counts[
-                       "rebuilt"] == 1
+    try:
+        assert Rebuild(bus.store, processor, StoredSource(bus.store, selection), run,
+                       sleep=bus.clock.sleep, monotonic=bus.clock.monotonic).run().counts[
+                           "rebuilt"] == 1
+    finally:
+        processor.close()
     rebuilt = bus.store.find_events(EventQuery(statuses=("SUCCESS",), event_type="ORDER"),
                                     limit=10)
-    report = Verifier(app, StoreLookups(bus.store)).run(rebuilt)
+    with Verifier(app, StoreLookups(bus.store)) as verifier:
+        report = verifier.run(rebuilt)
     assert report.exit_code() == 0, report.to_json()
