@@ -6,6 +6,10 @@ on an event loop of its own (one thread, like a server's), and answers with an
 ``json``, ``get_json()``, ``get_data(as_text=)``, ``is_json``, ``headers``).
 JSON bodies are encoded as Flask's test client encodes them (ASCII-escaped),
 so a lone surrogate travels escaped on both entries.
+
+The app's lifespan runs as a server runs it: its startup before the first
+request, its shutdown at ``close()`` (``asgi_app``'s closes the processor and
+the app's push threads), so nothing the app started outlives the client.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class AsgiClient:
         self._thread.start()
         self._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                          base_url="http://localhost")
+        self._lifespan = Lifespan(app)
+        asyncio.run_coroutine_threadsafe(self._lifespan.startup(), self._loop).result(60)
 
     def post(self, path: str, *, data: bytes | str | None = None, json: Any = None,
              headers: Mapping[str, str] | None = None,
@@ -70,8 +76,43 @@ class AsgiClient:
         return AsgiResponse(asyncio.run_coroutine_threadsafe(call, self._loop).result(60))
 
     def close(self) -> None:
-        """Close the client and stop its loop."""
+        """Close the client, run the app's lifespan shutdown, and stop the loop."""
         asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._lifespan.shutdown(), self._loop).result(60)
+        # The loop's default executor ran the shutdown's blocking part: joined, not left.
+        asyncio.run_coroutine_threadsafe(self._loop.shutdown_default_executor(),
+                                         self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+class Lifespan:
+    """An ASGI app's lifespan, driven as a server drives it: ``startup()``, then ``shutdown()``."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._task: asyncio.Future[Any] | None = None
+        self._receive: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._sent: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def startup(self) -> None:
+        """Start the lifespan; return when the app's startup is complete."""
+        scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+        self._task = asyncio.ensure_future(self._app(scope, self._receive.get, self._sent.put))
+        await self._receive.put({"type": "lifespan.startup"})
+        await self._expect("lifespan.startup.complete")
+
+    async def shutdown(self) -> None:
+        """Shut the app down; return when its shutdown is complete and its lifespan returned."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        await self._receive.put({"type": "lifespan.shutdown"})
+        await self._expect("lifespan.shutdown.complete")
+        await task
+
+    async def _expect(self, kind: str) -> None:
+        message = await self._sent.get()
+        if message.get("type") != kind:
+            raise RuntimeError(f"the app's lifespan answered {message!r}, not {kind}")
