@@ -5,7 +5,9 @@
 request's head and body, and hands the connected socket to ``behaviour``,
 which writes what it likes (``trickle``, ``send``). Every connection runs in
 its own daemon thread; leaving the ``with`` block stops the trickles at once
-(they wait on an event, not ``time.sleep``) and closes the listening socket.
+(they wait on an event, not ``time.sleep``), shuts every connection down (a
+send or a read blocked on a client that stopped reading ends), joins each
+connection's thread and closes the listening socket.
 
 Ready-made behaviours:
 
@@ -21,6 +23,7 @@ Ready-made behaviours:
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
@@ -40,6 +43,8 @@ class HostileServer:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.05)
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._lock = threading.Lock()
+        self._connections: list[tuple[socket.socket, threading.Thread]] = []
 
     @property
     def url(self) -> str:
@@ -55,6 +60,13 @@ class HostileServer:
         self._stop.set()
         self._thread.join(timeout=2)
         self._listener.close()
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for conn, _ in connections:
+            with contextlib.suppress(OSError):  # closed already: its thread ends or has
+                conn.shutdown(socket.SHUT_RDWR)
+        for _, thread in connections:
+            thread.join(timeout=2)
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
@@ -64,7 +76,10 @@ class HostileServer:
                 continue
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self._lock:
+                self._connections.append((conn, thread))
+            thread.start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
