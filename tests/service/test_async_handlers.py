@@ -30,6 +30,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock, LocalBus, push_body
 from eventbus.workers.pull import Inbox, PullWorker
+from tests.closing import closed_after_test
 from tests.service.test_pull_worker import ENTITY, FakeMessage, message
 
 NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
@@ -270,7 +271,7 @@ def test_a_sync_function_returning_a_coroutine_fails_instead_of_succeeding_unrun
         context.emit("CHILD", {})
 
     routes.handler("TEST")(lambda context: real(context))  # type: ignore[arg-type,return-value]
-    bus = LocalBus(routes)
+    bus = closed_after_test(LocalBus(routes))
     key = bus.publish("TEST", {}, entity=ENTITY)
     record = bus.record(key) or {}
     assert record["event_status"] == "FAILED"

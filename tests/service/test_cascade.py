@@ -28,6 +28,7 @@ from handlers import notifications
 from handlers.notifications import NOTIFY, SENT
 from handlers.orders import on_order_event, order_v1_to_v2
 from handlers.settings import PartnerSettings
+from tests.closing import closed_after_test
 from tests.partner_server import PartnerServer
 from tests.service.conftest import START, Harness, Make, event
 
@@ -304,7 +305,7 @@ def test_a_child_is_serialised_once_from_emit_to_its_published_message(
     routes = Router()
     routes.handler("PARENT")(lambda context: context.emit("CHILD", {"n": [1, 2]}))
     routes.handler("CHILD", internal=True)(lambda context: None)
-    bus = LocalBus(routes)
+    bus = closed_after_test(LocalBus(routes))
     entity = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
     body, attributes = build_message(build_event("PARENT", {}, entity=entity))
     bus.processor.process(Delivery(data=body, attributes=attributes, message_id="m-1"))

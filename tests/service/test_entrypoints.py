@@ -22,8 +22,16 @@ def main_module(monkeypatch: pytest.MonkeyPatch, mongo_uri: str,
     monkeypatch.setenv("MONGODB_URI", mongo_uri)
     monkeypatch.setenv("MONGODB_DB", mongo_db.name)
     sys.modules.pop("main", None)
-    yield importlib.import_module("main")
-    sys.modules.pop("main", None)
+    main = importlib.import_module("main")
+    yield main
+    # This import of main.py, and functions-framework's own (it loads the source again, as
+    # ``main``): what each built ends here, its processor's threads and its store's client.
+    loaded = {id(module): module for module in (main, sys.modules.pop("main", None))
+              if module is not None}
+    for module in loaded.values():
+        service = module.app.extensions["eventbus"]
+        service.processor.close()
+        service.store.close()
 
 
 def post_golden(client: Any) -> Any:

@@ -31,8 +31,9 @@ def partner() -> Iterator[PartnerServer]:
 
 
 @pytest.fixture()
-def bus(partner: PartnerServer) -> LocalBus:
-    return LocalBus(app_router(partner.template), database=memory_database())
+def bus(partner: PartnerServer) -> Iterator[LocalBus]:
+    with LocalBus(app_router(partner.template), database=memory_database()) as bus:
+        yield bus
 
 
 def test_a_confirmed_order_runs_the_whole_cascade_in_process(

@@ -19,6 +19,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import CapturingPublisher, Message
 from eventbus.workers.pull import Inbox, PullWorker
+from tests.closing import closed_after_test
 from tests.service.conftest import START, Make, app_router, memory_database
 
 
@@ -123,8 +124,9 @@ def test_the_pull_worker_forwards_like_push() -> None:
     from eventbus.testing import FakeClock
 
     clock = FakeClock(START)
-    processor = Processor(store, app_router(), Settings(relay_inline=False), clock,
-                          after_success=Relay(store, publisher, now=clock, sleep=lambda _: None))
+    relay = Relay(store, publisher, now=clock, sleep=lambda _: None)
+    processor = closed_after_test(Processor(store, app_router(), Settings(relay_inline=False),
+                                            clock, after_success=relay))
     worker = PullWorker(processor, Inbox(), subscription="s", batch_size=10)
 
     class Pulled:
@@ -153,7 +155,7 @@ def test_the_pull_worker_forwards_like_push() -> None:
 def test_localbus_keeps_what_went_to_a_public_topic_aside() -> None:
     from eventbus.testing import LocalBus
 
-    bus = LocalBus(app_router(), database=memory_database())
+    bus = closed_after_test(LocalBus(app_router(), database=memory_database()))
     entity = {"partnerId": "p1", "entity_id": "o-9", "entity_type": "Order"}
     key = bus.publish("OR_MGMT", {"orderId": 9, "orderStatusLatest": "OR_CNL",
                                   "orderStatusLatestTimestamp": 1764000000},

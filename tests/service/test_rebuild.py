@@ -21,6 +21,7 @@ from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.settings import Settings
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus
+from tests.closing import closed_after_test
 
 ENTITY = {"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}
 
@@ -83,9 +84,10 @@ def rebuild(bus: LocalBus, router: Router, *, query: EventQuery | None = None,
     replay = Replay(run["rebuild_id"], "ops@example", "bug 42", bus.clock(),
                     new_calls=flags.get("new_calls", False),
                     emit_new=flags.get("emit_new", False), forward=flags.get("forward", False))
-    processor = ReplayProcessor(bus.store, router, bus.settings, bus.clock, replay,
-                                after_success=bus.relay, sleep=bus.clock.sleep,
-                                monotonic=bus.clock.monotonic)
+    processor = closed_after_test(ReplayProcessor(bus.store, router, bus.settings, bus.clock,
+                                                  replay, after_success=bus.relay,
+                                                  sleep=bus.clock.sleep,
+                                                  monotonic=bus.clock.monotonic))
     job = Rebuild(bus.store, processor, StoredSource(bus.store, selection), run, batch=batch,
                   sleep=bus.clock.sleep, monotonic=bus.clock.monotonic)
     report = job.run(stop_after=stop_after)
@@ -95,7 +97,7 @@ def rebuild(bus: LocalBus, router: Router, *, query: EventQuery | None = None,
 
 def test_a_rebuild_after_a_fixed_bug_rights_the_projection_and_calls_no_partner_again() -> None:
     world = World()
-    bus = LocalBus(world.router(buggy=True))
+    bus = closed_after_test(LocalBus(world.router(buggy=True)))
     keys = [bus.publish("OR_MGMT", {"total": n}, entity=entity(n)) for n in range(1, 6)]
     assert world.db == {f"o-{n}": n * 10 for n in range(1, 6)}  # the bug
     assert len(world.calls) == 5
@@ -117,7 +119,7 @@ def test_a_rebuild_after_a_fixed_bug_rights_the_projection_and_calls_no_partner_
 
 def test_a_guarded_call_that_never_succeeded_is_refused_unless_allowed() -> None:
     world = World()
-    bus = LocalBus(world.router(buggy=False))
+    bus = closed_after_test(LocalBus(world.router(buggy=False)))
     key = bus.publish("OR_MGMT", {"total": 3}, entity=entity(3))
     bus.store.forget_guards()  # the first run's guard record lost: as if the call never ran
     _, report = rebuild(bus, world.router(buggy=False), keys=(key,))
@@ -137,7 +139,7 @@ def test_a_partner_call_outside_the_guard_is_refused_in_replay_mode() -> None:
     def handler(context: Context) -> None:
         made.append(context.partner("p1").call(lambda: "called"))
 
-    bus = LocalBus(routes)
+    bus = closed_after_test(LocalBus(routes))
     key = bus.publish("OR_MGMT", {"total": 1}, entity=entity(1))
     assert made == ["called"]
     _, report = rebuild(bus, routes, keys=(key,))
@@ -150,7 +152,7 @@ def test_a_partner_call_outside_the_guard_is_refused_in_replay_mode() -> None:
 
 def test_a_route_with_replay_skip_is_not_run() -> None:
     world = World()
-    bus = LocalBus(world.router(buggy=False, skip_notifier=True))
+    bus = closed_after_test(LocalBus(world.router(buggy=False, skip_notifier=True)))
     key = bus.publish("NOTIFY", {"x": 1}, entity=entity(1))
     assert world.seen == [("notify", key, False)]
     _, report = rebuild(bus, world.router(buggy=False, skip_notifier=True),
@@ -163,7 +165,7 @@ def test_a_route_with_replay_skip_is_not_run() -> None:
 
 def test_new_children_are_listed_then_published_once_with_emit_new() -> None:
     world = World()
-    bus = LocalBus(world.router(buggy=False, children=1))
+    bus = closed_after_test(LocalBus(world.router(buggy=False, children=1)))
     key = bus.publish("OR_MGMT", {"total": 2}, entity=entity(2))
     assert [s[0] for s in world.seen] == ["note"]
     fixed = world.router(buggy=False, children=3)  # the fixed code emits two more
@@ -188,7 +190,7 @@ def test_new_children_are_listed_then_published_once_with_emit_new() -> None:
 
 def test_an_interrupted_rebuild_resumes_without_running_an_event_twice() -> None:
     world, runs = World(), []
-    bus = LocalBus(world.router(buggy=True))
+    bus = closed_after_test(LocalBus(world.router(buggy=True)))
     for n in range(1, 8):
         bus.publish("OR_MGMT", {"total": n}, entity=entity(n))
     fixed = world.router(buggy=False)
@@ -217,8 +219,9 @@ def test_an_interrupted_rebuild_resumes_without_running_an_event_twice() -> None
 
 def test_a_rebuild_against_live_deliveries_keeps_each_entitys_order() -> None:
     world = World()
-    bus = LocalBus(world.router(buggy=False),
-                   settings=Settings(relay_inline=False, order_wait_seconds=0.2))
+    bus = closed_after_test(LocalBus(world.router(buggy=False),
+                                     settings=Settings(relay_inline=False,
+                                                       order_wait_seconds=0.2)))
     for seq in (1, 2, 3):
         bus.publish("POS_MGMT", {"seq": seq}, entity=ENTITY)
     live: list[Any] = []

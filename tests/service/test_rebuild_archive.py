@@ -20,6 +20,7 @@ from eventbus.processor.replay_mode import ARCHIVE_FORM, ReplayProcessor
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus
 from tests.archive_files import avro_bytes, event_message, record, write_archive
+from tests.closing import closed_after_test
 
 
 class World:
@@ -58,9 +59,10 @@ def rebuild(bus: LocalBus, router: Router, path: Path, *, query: EventQuery | No
     replay = Replay(run["rebuild_id"], "ops@example", "restore", bus.clock(),
                     new_calls=flags.get("new_calls", False),
                     emit_new=flags.get("emit_new", False))
-    processor = ReplayProcessor(bus.store, router, bus.settings, bus.clock, replay,
-                                after_success=bus.relay, sleep=bus.clock.sleep,
-                                monotonic=bus.clock.monotonic)
+    processor = closed_after_test(ReplayProcessor(bus.store, router, bus.settings, bus.clock,
+                                                  replay, after_success=bus.relay,
+                                                  sleep=bus.clock.sleep,
+                                                  monotonic=bus.clock.monotonic))
     source = ArchiveSource(bus.store, str(path), processor.locate, selection=selection)
     report = Rebuild(bus.store, processor, source, run, sleep=bus.clock.sleep,
                      monotonic=bus.clock.monotonic).run()
@@ -81,7 +83,7 @@ def test_the_archive_form_is_the_one_the_processor_recognises() -> None:
 def test_archived_events_without_records_become_new_records_and_bad_files_are_listed(
         tmp_path: Path) -> None:
     world = World()
-    bus = LocalBus(world.router())
+    bus = closed_after_test(LocalBus(world.router()))
     # One event still has its record here: it was processed live from the same message.
     data, attributes = event_message(3)
     live = bus.publish_raw(data, attributes)
@@ -119,7 +121,7 @@ def test_archived_events_without_records_become_new_records_and_bad_files_are_li
 def test_a_new_record_has_no_first_result_so_its_guarded_call_is_refused_unless_allowed(
         tmp_path: Path) -> None:
     world = World()
-    bus = LocalBus(world.router(guarded=True))
+    bus = closed_after_test(LocalBus(world.router(guarded=True)))
     archive(tmp_path, [1], name="one/a.avro")
     archive(tmp_path, [2], name="two/a.avro")
     refused = rebuild(bus, world.router(guarded=True), tmp_path / "one")
@@ -141,7 +143,7 @@ def test_a_new_record_has_no_first_result_so_its_guarded_call_is_refused_unless_
 
 def test_filters_narrow_an_archive_and_a_rebuild_runs_each_event_once(tmp_path: Path) -> None:
     world = World()
-    bus = LocalBus(world.router())
+    bus = closed_after_test(LocalBus(world.router()))
     archive(tmp_path, [1, 2, 3])
     narrowed = rebuild(bus, world.router(), tmp_path,
                        query=EventQuery(entity_id="o-2"))

@@ -21,6 +21,7 @@ from eventbus.model.router import Router
 from eventbus.settings import Settings
 from eventbus.store.mongo import MongoEventStore
 from eventbus.testing import FakeClock, push_body
+from tests.closing import app_closed_after_test
 from tests.service.conftest import START, event
 
 
@@ -41,7 +42,8 @@ def test_round_trips_new_event_two_duplicate_one(store: MongoEventStore) -> None
         pass
 
     settings = Settings(relay_inline=False)
-    client = create_app(router, settings, store, now=FakeClock(START)).test_client()
+    client = app_closed_after_test(create_app(router, settings, store,
+                                              now=FakeClock(START))).test_client()
 
     def push(key: str, message_id: str) -> str:
         data = json.dumps(event()).encode()
@@ -62,8 +64,8 @@ def test_an_ordered_handler_costs_no_round_trip_more(store: MongoEventStore) -> 
     # way (one more); a duplicate's claim is tried as a new event first (one more).
     router = Router()
     router.handler("TEST", ordered_by="entity_data.n")(lambda context: None)
-    client = create_app(router, Settings(relay_inline=False), store,
-                        now=FakeClock(START)).test_client()
+    client = app_closed_after_test(create_app(router, Settings(relay_inline=False), store,
+                                              now=FakeClock(START))).test_client()
 
     def push(key: str, n: int) -> str:
         data = json.dumps(event(n=n)).encode()

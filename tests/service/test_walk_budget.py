@@ -23,6 +23,7 @@ from eventbus import Router, create_app
 from eventbus.pubsub.message import build_event
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
+from tests.closing import app_closed_after_test
 
 LIBRARY = str(Path(__file__).resolve().parents[2] / "src" / "eventbus") + "/"
 ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
@@ -73,8 +74,8 @@ def walk() -> tuple[Counter[str], int, Publisher]:
     routes.handler("PARENT")(lambda context: context.emit("CHILD", {}))
     routes.handler("CHILD", internal=True)(lambda context: None)
     publisher = Publisher()
-    client = create_app(routes, Settings(), store=MemoryEventStore(),
-                        publisher=publisher).test_client()
+    client = app_closed_after_test(create_app(routes, Settings(), store=MemoryEventStore(),
+                                              publisher=publisher)).test_client()
     client.post("/", json=push_body(1))  # warm up: imports, indexes, the heartbeat thread
     files: Counter[str] = Counter()
 
