@@ -60,8 +60,9 @@ def make_bus(partner: PartnerServer) -> LocalBus:
 
 
 @pytest.fixture()
-def bus(partner: PartnerServer) -> LocalBus:
-    return make_bus(partner)
+def bus(partner: PartnerServer) -> Iterator[LocalBus]:
+    with make_bus(partner) as bus:
+        yield bus
 
 
 def order(status: str, timestamp: Any, order_id: Any = 1) -> dict[str, Any]:
@@ -382,7 +383,6 @@ def test_hostile_orders_end_acked_and_leave_no_lease(partner: PartnerServer, par
                                                      entity_id: str, order_id: Any,
                                                      timestamp: Any, status: Any,
                                                      items: Any) -> None:
-    bus = make_bus(partner)
     number = next(NUMBERS)
     entity = {**ENTITY, "partnerId": partner_id, "entity_id": f"{entity_id}-{number}"}
     data = {"orderId": order_id, "orderStatusLatest": status,
@@ -390,6 +390,7 @@ def test_hostile_orders_end_acked_and_leave_no_lease(partner: PartnerServer, par
     body = json.dumps({"event_type": "OR_MGMT", "event_version": "v2",
                        "event_direction": "IN", "entity_metadata": entity,
                        "entity_data": data}, ensure_ascii=True)
-    bus.publish_raw(body.encode())
+    with make_bus(partner) as bus:
+        bus.publish_raw(body.encode())
     assert {r.outcome for r in bus.results} <= ACKED, [(r.outcome, r.error) for r in bus.results]
     assert "PROCESSING" not in guard_statuses(bus)

@@ -28,6 +28,7 @@ from eventbus.store.base import EntityRelease, EntityTake, Finish
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
+from tests.closing import closed_after_test, closed_here
 
 NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 ENTITY = {"partnerId": "p1", "entity_id": "order-7", "entity_type": "Order"}
@@ -71,8 +72,9 @@ def bus(concurrency: int = 1) -> Bus:
     clock = FakeClock(NOW)
     store = MemoryEventStore(lease=dt.timedelta(seconds=20), clock=clock)
     # max_attempts above the hypothesis test's deliveries of one failing event (at most 8).
-    processor = Processor(store, routes, Settings(max_attempts=10, order_wait_seconds=0.2),
-                          clock, concurrency=concurrency, sleep=slept.append)
+    processor = closed_after_test(Processor(
+        store, routes, Settings(max_attempts=10, order_wait_seconds=0.2), clock,
+        concurrency=concurrency, sleep=slept.append))
     return Bus(store, processor, clock, seen, slept, failing)
 
 
@@ -204,8 +206,8 @@ def test_a_lane_behind_a_long_handler_of_its_batch_confirms_its_hold_first() -> 
         store.finish_many([], clock(), [EntityRelease(ENTITY_KEY, other.owner, 5,
                                                       "p:p1:newer")])
 
-    processor = Processor(store, routes, Settings(), clock, sleep=clock.sleep,
-                          monotonic=clock.monotonic)
+    processor = closed_after_test(Processor(store, routes, Settings(), clock, sleep=clock.sleep,
+                                            monotonic=clock.monotonic))
     body = {"event_type": "SLOW", "event_version": "v1", "entity_metadata": ENTITY,
             "entity_data": {}}
     first = Delivery(json.dumps(body).encode(), {"idempotency_key": "slow"}, message_id="m-s")
@@ -269,11 +271,12 @@ def test_whatever_the_order_the_newest_wins_and_nothing_runs_backwards(
         order: list[int], repeats: list[int], failing: set[int]) -> None:
     b = bus()
     b.failing.update(failing)
-    for position in [*order, *repeats]:
-        b.deliver(position, f"k{position}")
-    b.failing.clear()
-    for position in sorted(failing):  # the retries, later
-        b.deliver(position, f"k{position}")
+    with closed_here(b.processor):  # each example's threads end with it
+        for position in [*order, *repeats]:
+            b.deliver(position, f"k{position}")
+        b.failing.clear()
+        for position in sorted(failing):  # the retries, later
+            b.deliver(position, f"k{position}")
     assert b.seen == sorted(b.seen) and len(set(b.seen)) == len(b.seen)  # forward only, once
     applied = (b.store.get(ENTITY_KEY) or {})["position"]
     assert applied == 5 and b.seen[-1] == 5  # the newest, whenever it came

@@ -32,6 +32,7 @@ from eventbus.testing import CapturingPublisher, FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
 from eventbus.workers.redrive import Redriver
 from handlers.partners import PartnerClient, PartnerUnavailable
+from tests.closing import closed_after_test, closed_here
 from tests.partner_server import PartnerServer
 from tests.service.conftest import START, Make
 from tests.service.test_pull_worker import FakeMessage
@@ -86,7 +87,7 @@ def setup(partners: Partners) -> tuple[MemoryEventStore, Processor, Redriver,
                                        CapturingPublisher, FakeClock]:
     clock, publisher = FakeClock(START), CapturingPublisher()
     store = MemoryEventStore(clock=clock)
-    run = Processor(store, partners.router(), SETTINGS, clock)
+    run = closed_after_test(Processor(store, partners.router(), SETTINGS, clock))
     return store, run, Redriver(store, publisher, SETTINGS, now=clock, locate=run.locate), \
         publisher, clock
 
@@ -179,15 +180,16 @@ def test_the_pull_worker_acks_parked_events_and_processes_the_others() -> None:
 def test_any_partner_name_from_a_message_parks_safely(name: str) -> None:
     partners = Partners()
     partners.down.add(name)
-    store, run, *_ = setup(partners)
+    clock = FakeClock(START)
+    store = MemoryEventStore(clock=clock)
     routes = Router()
 
     @routes.handler("CALL")
     def call(context: Context) -> None:
         context.partner(name).call(lambda: partners.post(name, context.key))
 
-    run = Processor(store, routes, SETTINGS, run.now)
-    outcomes = [run.process(delivery("p", n)).outcome for n in range(5)]
+    with closed_here(Processor(store, routes, SETTINGS, clock)) as run:  # one an example
+        outcomes = [run.process(delivery("p", n)).outcome for n in range(5)]
     assert outcomes == [Outcome.RETRY] * 2 + [Outcome.PARKED] * 3
     [stored_name] = store.parked_counts()
     assert stored_name.isprintable() and len(stored_name) <= 100
@@ -196,7 +198,7 @@ def test_any_partner_name_from_a_message_parks_safely(name: str) -> None:
 def test_the_partner_apps_client_stops_calling_a_down_partner() -> None:
     clock = FakeClock(START)
     store = MemoryEventStore(clock=clock)
-    group = Processor(store, Router(), SETTINGS, clock).partners
+    group = closed_after_test(Processor(store, Router(), SETTINGS, clock)).partners
     with PartnerServer(then=503) as server:
         client = PartnerClient(Guard(store, lease=dt.timedelta(seconds=30), now=clock),
                                timeout=2.0, partner=group.get("acme"))

@@ -26,6 +26,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
 from eventbus.workers.rate import RateLimit
+from tests.closing import closed_after_test, closed_here
 
 NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
@@ -94,8 +95,8 @@ def setup(behaviour: Callable[[Context], None] | None = None, *, store: Any = No
     def after_success(key: str, outbox: Any) -> None:  # the inline relay's place
         relayed.append((key, str((store.get(key) or {}).get("event_status"))))
 
-    processor = Processor(store, routes, Settings(max_attempts=5), clock,
-                          after_success=after_success, concurrency=4)
+    processor = closed_after_test(Processor(store, routes, Settings(max_attempts=5), clock,
+                                            after_success=after_success, concurrency=4))
     worker = PullWorker(processor, Inbox(), subscription="projects/p/subscriptions/s-pull",
                         batch_size=100, rate=rate, exactly_once=exactly_once)
     return Setup(store, worker, calls, relayed, clock)
@@ -288,7 +289,8 @@ def test_whatever_a_batch_holds_every_message_is_answered_and_none_is_lost(
     batch = [FakeMessage(hostile_body(value, depth, wide), {"idempotency_key": key}, "m-1"),
              FakeMessage(raw, {"idempotency_key": key, "event_type": "TEST"}, "m-2"),
              FakeMessage(b"\xff\xfe" + raw, {}, "m-3"), message(9)]
-    results = s.worker.run_batch(batch)
+    with closed_here(s.worker.processor):  # each example's threads end with it
+        results = s.worker.run_batch(batch)
     for m, result in zip(batch, results, strict=True):
         assert m.answer in ("ack", "nack")
         if m.answer == "ack":  # acked: its record exists (stored, or a duplicate of one)
@@ -334,8 +336,8 @@ def run_mixed(as_batch: bool) -> tuple[list[str], list[str]]:
     clock = FakeClock(NOW)
     store = MemoryEventStore(lease=dt.timedelta(seconds=30), clock=clock)
     stores.append(store)
-    processor = Processor(store, mixed_router(lambda: stores[0]), Settings(max_attempts=5),
-                          clock, concurrency=3)
+    processor = closed_after_test(Processor(store, mixed_router(lambda: stores[0]),
+                                            Settings(max_attempts=5), clock, concurrency=3))
     worker = PullWorker(processor, Inbox(), subscription="s")
     for earlier in (message(2), message(3)):  # a duplicate and a taken key, stored before
         processor.process(worker.delivery(earlier))

@@ -43,6 +43,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
+from tests.closing import closed_after_test
 from tests.service.conftest import START, Make
 from tests.service.test_pull_worker import FakeMessage
 
@@ -208,7 +209,8 @@ def test_a_position_of_an_upcasters_own_type_is_read_as_a_plain_number() -> None
     routes = ordered_router(lambda event: event.with_version(
         "v2", {**event.entity_data, "ts": Touchy(event.entity_data["ts"])}), calls)
     store = MemoryEventStore(lease=dt.timedelta(seconds=30))
-    processor = Processor(store, routes, Settings(), FakeClock(START), concurrency=2)
+    processor = closed_after_test(Processor(store, routes, Settings(), FakeClock(START),
+                                            concurrency=2))
     worker = PullWorker(processor, Inbox(), subscription="projects/p/subscriptions/s-pull")
     results = processor.run([worker.delivery(pulled(n, f"t{n}")) for n in (2, 1, 3)])
     assert [r.outcome.value for r in results] == ["processed"] * 3
@@ -316,8 +318,9 @@ def test_an_upcaster_that_raises_in_a_batch_fails_only_its_message_and_the_worke
         return event.with_version("v2", dict(event.entity_data))
 
     store = MemoryEventStore(lease=dt.timedelta(seconds=30))
-    processor = Processor(store, ordered_router(upcast, calls), Settings(max_attempts=5),
-                          FakeClock(START), concurrency=4)
+    processor = closed_after_test(Processor(store, ordered_router(upcast, calls),
+                                            Settings(max_attempts=5), FakeClock(START),
+                                            concurrency=4))
     worker = PullWorker(processor, Inbox(), subscription="projects/p/subscriptions/s-pull",
                         batch_size=5, batch_wait=0.01)
     # Two entities; the failing events sit between good ones of the same entity.
