@@ -13,6 +13,7 @@ from eventbus.correlation.tracecontext import parse_traceparent
 from eventbus.model.outcome import Outcome
 from eventbus.outbox.relay import Relay
 from eventbus.testing import FakeClock, LocalBus
+from tests.closing import app_closed_after_test, closed_after_test
 from tests.telemetry.support import Recorded, captured_lines, parent_of, recorded, trace_ids
 
 ENTITY = {"partnerId": "p1", "partnerName": "Partner One", "entity_id": "order-1",
@@ -35,7 +36,7 @@ def cascade_router() -> Router:
 
 
 def traced_bus(rec: Recorded, clock: FakeClock) -> LocalBus:
-    return LocalBus(cascade_router(), clock=clock, telemetry=rec.telemetry)
+    return closed_after_test(LocalBus(cascade_router(), clock=clock, telemetry=rec.telemetry))
 
 
 def test_one_cascade_is_one_trace_with_the_expected_spans() -> None:
@@ -83,7 +84,7 @@ def test_the_child_carries_the_publish_span_in_its_traceparent_attribute() -> No
 def test_a_child_the_sweeper_publishes_later_still_joins_the_parents_trace() -> None:
     clock = FakeClock()
     rec = recorded(clock)
-    bus = LocalBus(cascade_router(), clock=clock, telemetry=rec.telemetry)
+    bus = closed_after_test(LocalBus(cascade_router(), clock=clock, telemetry=rec.telemetry))
     bus.processor.after_success = None  # the inline relay "crashed": the child waits
     bus.publish("ORDER", {"id": 1}, entity=ENTITY)
     assert len(bus.results) == 1
@@ -107,7 +108,7 @@ def test_a_child_the_sweeper_publishes_later_still_joins_the_parents_trace() -> 
 
 
 def test_with_tracing_off_the_cascade_still_shares_one_trace_id_in_its_log_lines() -> None:
-    bus = LocalBus(cascade_router())
+    bus = closed_after_test(LocalBus(cascade_router()))
     assert bus.processor.middleware == () and bus.relay.telemetry is None
     with captured_lines() as lines:
         bus.publish("ORDER", {"id": 1}, entity=ENTITY)
@@ -156,8 +157,8 @@ def test_a_push_requests_trace_header_is_read_by_the_otel_propagators(
     rec = recorded(FakeClock())
     routes = Router()
     routes.handler("ORDER")(lambda context: None)
-    app = create_app(routes, Settings(relay_inline=False), store=MemoryEventStore(),
-                     telemetry=rec.telemetry)
+    app = app_closed_after_test(create_app(routes, Settings(relay_inline=False),
+                                           store=MemoryEventStore(), telemetry=rec.telemetry))
     data = json.dumps(build_event("ORDER", {}, entity=ENTITY).to_document()).encode()
     body = {"message": {"data": base64.b64encode(data).decode(), "messageId": "m-1",
                         "attributes": {"event_type": "ORDER", "event_version": "v1"}},

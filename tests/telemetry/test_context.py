@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from typing import Any
 
@@ -22,6 +23,7 @@ from eventbus.correlation.tracecontext import (
 from eventbus.pubsub.message import build_event
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
+from tests.closing import app_closed_after_test
 from tests.telemetry.support import captured_lines, recorded
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -88,17 +90,19 @@ def test_a_scope_holds_the_trace_and_the_request_id_for_the_block_only() -> None
 # --- hostile headers never break a request ---------------------------------------------
 
 
-def _app() -> Any:
+@pytest.fixture()
+def app() -> Any:
+    """One app for all of a test's examples; its processor is closed after the test."""
     routes = Router()
 
     @routes.handler("OK")
     def on_ok(ctx: Context) -> None:
         ctx.log.info("ok")
 
-    return create_app(routes, Settings(relay_inline=False), store=MemoryEventStore())
+    return app_closed_after_test(create_app(routes, Settings(relay_inline=False),
+                                            store=MemoryEventStore()))
 
 
-APP = _app()
 DATA = json.dumps(build_event("OK", {}, entity={"partnerId": "p", "entity_id": "e",
                                                 "entity_type": "T"}).to_document()).encode()
 HEADER_TEXT = st.one_of(
@@ -110,11 +114,13 @@ HEADER_TEXT = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(traceparent=HEADER_TEXT, cloud=HEADER_TEXT, state=HEADER_TEXT, request_id=HEADER_TEXT,
        attribute=HEADER_TEXT)
 def test_hostile_trace_headers_and_attributes_never_break_a_request(
-        traceparent: str, cloud: str, state: str, request_id: str, attribute: str) -> None:
+        app: Any, traceparent: str, cloud: str, state: str, request_id: str,
+        attribute: str) -> None:
     for value in (traceparent, cloud, state, request_id, attribute):
         assert parse_traceparent(value) is None or parse_traceparent(value) is not None
         parse_cloud_trace(value)
@@ -125,7 +131,7 @@ def test_hostile_trace_headers_and_attributes_never_break_a_request(
                                        "traceparent": attribute, "tracestate": state}},
             "subscription": "projects/p/subscriptions/s"}
     with captured_lines() as lines:
-        answer = APP.test_client().post("/", json=body, environ_overrides=environ)
+        answer = app.test_client().post("/", json=body, environ_overrides=environ)
     assert answer.status_code == 200
     assert answer.headers["X-Request-Id"].isascii()
     assert all(line["logging.googleapis.com/trace"].startswith("projects/") for line in lines)
@@ -142,11 +148,11 @@ def test_hostile_attributes_never_break_a_traced_message(attribute: str, state: 
     rec = recorded(clock)
     routes = Router()
     routes.handler("OK")(lambda ctx: None)
-    processor = Processor(MemoryEventStore(), routes, Settings(), clock,
-                          middleware=rec.telemetry.middleware())
     delivery = Delivery(data=DATA, attributes={"traceparent": attribute, "tracestate": state},
                         message_id=attribute, publish_time=attribute)
-    outcome = processor.process(delivery).outcome.value
+    with contextlib.closing(Processor(MemoryEventStore(), routes, Settings(), clock,
+                                      middleware=rec.telemetry.middleware())) as processor:
+        outcome = processor.process(delivery).outcome.value
     assert outcome in ("processed", "rejected")  # rejected: a message id no store keeps
     (span,) = [span for span in rec.finished() if span.name.startswith("message")]
     assert span.attributes["eventbus.outcome"] == outcome

@@ -23,6 +23,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import CapturingPublisher, FakeClock, LocalBus
 from eventbus.workers.pull import Inbox, PullWorker
+from tests.closing import app_closed_after_test, closed_after_test
 from tests.telemetry.support import captured_lines, recorded
 
 TRACE, SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
@@ -72,8 +73,9 @@ def assert_continues_the_client_trace(rec: Any) -> None:
 
 def test_a_push_continues_the_google_client_trace() -> None:
     rec = recorded(FakeClock())
-    app = create_app(routes(), Settings(), store=MemoryEventStore(),
-                     publisher=CapturingPublisher(), telemetry=rec.telemetry)
+    app = app_closed_after_test(create_app(routes(), Settings(), store=MemoryEventStore(),
+                                           publisher=CapturingPublisher(),
+                                           telemetry=rec.telemetry))
     body = {"message": {"data": base64.b64encode(message_data()).decode(), "messageId": "m-1",
                         "attributes": {"event_type": "ORDER", "event_version": "v1", **GOOGLE}},
             "subscription": "projects/p/subscriptions/s"}
@@ -87,7 +89,8 @@ def test_a_push_continues_the_google_client_trace() -> None:
 
 def test_a_pulled_message_continues_the_google_client_trace() -> None:
     rec = recorded(FakeClock())
-    bus = LocalBus(routes(), telemetry=rec.telemetry)  # its processor, in a pull worker
+    # Its processor, in a pull worker.
+    bus = closed_after_test(LocalBus(routes(), telemetry=rec.telemetry))
     worker = PullWorker(bus.processor, Inbox(), subscription="projects/p/subscriptions/s")
     pulled = [Pulled({"event_type": "ORDER", "event_version": "v1", **GOOGLE}),
               Pulled({"event_type": "ORDER", "event_version": "v1", "idempotency_key": "two"})]
@@ -106,7 +109,7 @@ def test_a_traceparent_of_its_own_wins_over_the_google_client_attribute() -> Non
 
 
 def test_with_tracing_off_log_lines_carry_the_google_client_trace() -> None:
-    bus = LocalBus(routes())
+    bus = closed_after_test(LocalBus(routes()))
     with captured_lines() as lines:
         bus.processor.process(Delivery(message_data(), {"event_type": "ORDER",
                                                         "event_version": "v1", **GOOGLE}))
@@ -119,7 +122,7 @@ def test_with_tracing_off_log_lines_carry_the_google_client_trace() -> None:
 def test_a_hostile_google_client_attribute_is_ignored(hostile: str) -> None:
     assert tracecontext.from_attributes({"googclient_traceparent": hostile}) is None
     rec = recorded(FakeClock())
-    bus = LocalBus(routes(), telemetry=rec.telemetry)
+    bus = closed_after_test(LocalBus(routes(), telemetry=rec.telemetry))
     result = bus.processor.process(Delivery(message_data(), {
         "event_type": "ORDER", "event_version": "v1", "googclient_traceparent": hostile}))
     assert result.outcome.value in ("processed", "rejected")
@@ -127,7 +130,7 @@ def test_a_hostile_google_client_attribute_is_ignored(hostile: str) -> None:
 
 def test_what_we_publish_while_tracing_carries_the_google_client_attribute_too() -> None:
     rec = recorded(FakeClock())
-    bus = LocalBus(routes(), telemetry=rec.telemetry)
+    bus = closed_after_test(LocalBus(routes(), telemetry=rec.telemetry))
     data, attributes = build_message(build_event("ORDER", {"id": 3}, entity=ENTITY))
     bus.publisher.publish_message(data, attributes)
     bus.drain()

@@ -16,6 +16,7 @@ from eventbus.pubsub.message import build_event, build_message
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock, LocalBus
+from tests.closing import app_closed_after_test, closed_after_test
 from tests.telemetry.support import Recorded, recorded
 
 ENTITY = {"partnerId": "p1", "partnerName": "Partner One", "entity_id": "e-1",
@@ -54,7 +55,7 @@ def metered_bus(tracing: bool) -> tuple[LocalBus, Recorded, Handlers]:
     clock = FakeClock()
     handlers = Handlers(clock)
     rec = recorded(clock, tracing=tracing)
-    bus = LocalBus(handlers.router(), clock=clock, telemetry=rec.telemetry)
+    bus = closed_after_test(LocalBus(handlers.router(), clock=clock, telemetry=rec.telemetry))
     return bus, rec, handlers
 
 
@@ -133,7 +134,7 @@ def test_the_prometheus_page_shows_the_counters() -> None:
     settings = Settings(metrics_exporter="prometheus", relay_inline=False)
     routes = Router()
     routes.handler("OK")(lambda context: None)
-    app = create_app(routes, settings, store=MemoryEventStore())
+    app = app_closed_after_test(create_app(routes, settings, store=MemoryEventStore()))
     client = app.test_client()
     data = json.dumps(build_event("OK", {}, entity=ENTITY).to_document()).encode()
     body = {"message": {"data": base64.b64encode(data).decode(), "messageId": "m-1",
@@ -158,7 +159,8 @@ def test_the_prometheus_page_shows_the_counters() -> None:
 
 
 def test_without_prometheus_there_is_no_metrics_page() -> None:
-    app = create_app(Router(), Settings(relay_inline=False), store=MemoryEventStore())
+    app = app_closed_after_test(create_app(Router(), Settings(relay_inline=False),
+                                           store=MemoryEventStore()))
     assert app.test_client().get("/metrics").status_code == 404
 
 

@@ -14,6 +14,7 @@ from eventbus import Router, create_app
 from eventbus.pubsub.message import build_event
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
+from tests.closing import app_closed_after_test
 
 TELEMETRY = str(Path(__file__).resolve().parents[2] / "src" / "eventbus" / "telemetry")
 ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
@@ -31,7 +32,7 @@ def test_a_push_with_telemetry_off_enters_no_telemetry_module() -> None:
     routes = Router()
     routes.handler("PARENT")(lambda context: context.emit("CHILD", {}))
     routes.handler("CHILD", internal=True)(lambda context: None)
-    app = create_app(routes, Settings(), store=MemoryEventStore())
+    app = app_closed_after_test(create_app(routes, Settings(), store=MemoryEventStore()))
     client = app.test_client()
     client.post("/", json=push_body("PARENT", 1))  # warm up: imports, indexes
     calls: list[str] = []

@@ -25,6 +25,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import LocalBus
 from handlers.notifications import NOTIFY
+from tests.closing import app_closed_after_test, closed_after_test
 from tests.partner_server import PartnerServer
 from tests.service.conftest import app_router, memory_database
 from tests.telemetry.support import captured_lines
@@ -53,8 +54,9 @@ def client() -> Any:
     def on_ok(context: Context) -> None:
         context.log.info("handler line")
 
-    app = create_app(routes, Settings(relay_inline=False, project_id="proj"),
-                     store=MemoryEventStore())
+    app = app_closed_after_test(create_app(routes, Settings(relay_inline=False,
+                                                            project_id="proj"),
+                                           store=MemoryEventStore()))
     return app.test_client()
 
 
@@ -120,7 +122,7 @@ def partner() -> Iterator[PartnerServer]:
 
 
 def test_a_partner_call_writes_exactly_one_outbound_line(partner: PartnerServer) -> None:
-    bus = LocalBus(app_router(partner.template), database=memory_database())
+    bus = closed_after_test(LocalBus(app_router(partner.template), database=memory_database()))
     with captured_lines() as lines:
         bus.publish("OR_MGMT", CONFIRMED, entity=ENTITY, version="v2")
     assert len(partner.calls) == 1
@@ -144,7 +146,7 @@ def test_a_call_that_cannot_connect_writes_one_line_with_the_error_class() -> No
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again before the call
     url = f"http://127.0.0.1:{port}/partners/{{partnerId}}/events"
-    bus = LocalBus(app_router(url), database=memory_database())
+    bus = closed_after_test(LocalBus(app_router(url), database=memory_database()))
     with captured_lines() as lines:
         bus.publish("OR_MGMT", CONFIRMED, entity=ENTITY, version="v2")
     assert [result.outcome for result in bus.results][-1] is Outcome.RETRY

@@ -3,6 +3,7 @@ instrumentation's spans: only for the handler's own commands, never for claim or
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -21,6 +22,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.telemetry import providers
 from eventbus.testing import FakeClock
+from tests.closing import closed_after_test
 from tests.telemetry.support import parent_of, recorded
 
 
@@ -92,8 +94,9 @@ def test_claim_and_finish_stand_for_their_round_trip_and_handler_commands_get_py
                     "entity_metadata": {"partnerId": "p", "entity_id": "e",
                                         "entity_type": "T"}, "entity_data": {}}
         rec.spans.clear()
-        result = processor.process(Delivery(data=json.dumps(document).encode(),
-                                            attributes={}, message_id="m-1"))
+        with contextlib.closing(processor):  # before its store closes
+            result = processor.process(Delivery(data=json.dumps(document).encode(),
+                                                attributes={}, message_id="m-1"))
         assert result.outcome.value == "processed"
     finally:
         for instrumentor in installed:
@@ -116,8 +119,8 @@ def test_a_message_the_sampler_drops_makes_no_child_spans_and_still_counts() -> 
     rec = recorded(FakeClock(), ratio=0.3)
     routes = Router()
     routes.handler("OK")(lambda context: None)
-    processor = Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
-                          middleware=rec.telemetry.middleware())
+    processor = closed_after_test(Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
+                                            middleware=rec.telemetry.middleware()))
     for number in range(60):
         document = {"event_type": "OK", "event_version": "v1",
                     "entity_metadata": {"partnerId": "p", "entity_id": f"e-{number}",
@@ -150,14 +153,14 @@ def test_hostile_trace_attributes_never_break_a_traced_message(traceparent: str,
         context.emit("CHILD", {})
 
     routes.handler("CHILD", internal=True)(lambda context: None)
-    processor = Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
-                          middleware=rec.telemetry.middleware())
     document = {"event_type": "OK", "event_version": "v1",
                 "entity_metadata": {"partnerId": "p", "entity_id": "e", "entity_type": "T"},
                 "entity_data": {}}
-    result = processor.process(Delivery(
-        data=json.dumps(document).encode(), message_id="m-1",
-        attributes={"traceparent": traceparent, "tracestate": tracestate}))
+    with contextlib.closing(Processor(MemoryEventStore(), routes, Settings(), FakeClock(),
+                                      middleware=rec.telemetry.middleware())) as processor:
+        result = processor.process(Delivery(
+            data=json.dumps(document).encode(), message_id="m-1",
+            attributes={"traceparent": traceparent, "tracestate": tracestate}))
     assert result.outcome.value in ("processed", "rejected")  # stored either way
     (message,) = [span for span in rec.finished() if span.name.startswith("message")]
     assert message.attributes is not None
