@@ -1,7 +1,7 @@
 """Hypothesis for this suite: one profile per use, and a failure's report of one example.
 
-Profiles (``HYPOTHESIS_PROFILE`` picks one; otherwise ``ci`` under ``CI=true``,
-else ``dev``):
+Profiles (``HYPOTHESIS_PROFILE`` picks one; otherwise ``check`` under
+``EVENTBUS_TIER=check``, ``ci`` under ``CI=true``, else ``dev``):
 
 * ``ci``: derandomized (each test's examples come from its own source, the
   same on every machine and every day), no example database (nothing a
@@ -10,6 +10,10 @@ else ``dev``):
   a loaded machine must not fail a run that an idle one passes.
 * ``dev`` (a laptop): random examples, and failures kept in ``.hypothesis/``
   and tried first next time; each test's own ``max_examples``.
+* ``check`` (``make check``, which sets ``EVENTBUS_TIER=check``): ``ci`` with a
+  fifth of the examples (``CHECK_SHARE``), so the quick tier stays quick; ``make
+  test`` and CI draw every example. A test that sets its own ``max_examples``
+  passes it through ``examples()``, which gives the fifth in this profile only.
 * ``mutation`` (``infra/mutation.sh``): ``ci`` with 20 examples a test.
 * ``explore`` (``make explore``): random, ``EXPLORE_EXAMPLES`` examples per
   test, failures kept in ``.hypothesis/``. What it finds becomes an explicit
@@ -48,14 +52,36 @@ settings.register_profile(
     "explore", max_examples=EXPLORE_EXAMPLES, derandomize=False, print_blob=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow], phases=list(Phase))
 
+CHECK_SHARE = 5
+"""``check`` runs a fifth of each test's examples: with all of them the property tests took
+28 s of the 176 s of CPU that make check took (2026-12-02), against a budget of 90 s on two
+cores. Derandomized as in ``ci``: the same examples every run."""
+CHECK_FLOOR = 10
+"""No test runs fewer examples than this in ``check`` (one that asks for 40 runs 10)."""
+settings.register_profile(
+    "check", parent=settings.get_profile("ci"), max_examples=100 // CHECK_SHARE)
+
 settings.register_profile(
     "mutation", parent=settings.get_profile("ci"), max_examples=20,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
 """``infra/mutation.sh``: CI's examples, fewer of them, each test run once per mutant in one
 process (mutmut's trampoline calls one test from several executors)."""
 
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev")
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or (
+    "check" if os.environ.get("EVENTBUS_TIER") == "check" else "ci" if in_ci() else "dev")
 settings.load_profile(PROFILE)  # pytest's --hypothesis-profile, if given, comes later and wins
+
+
+def examples(count: int) -> int:
+    """A test's own ``max_examples``: ``count``, or a fifth of it in the ``check`` profile.
+
+    A test's ``@settings(max_examples=...)`` outranks every profile, so the quick tier's
+    smaller budget reaches such a test only through this: ``max_examples=examples(300)``.
+    Read when the test module is imported, after pytest's ``--hypothesis-profile``.
+    """
+    if settings.get_current_profile_name() != "check":
+        return count
+    return min(count, max(CHECK_FLOOR, count // CHECK_SHARE))
 
 
 def pytest_report_header(config: pytest.Config) -> str:

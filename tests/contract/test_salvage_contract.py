@@ -25,6 +25,7 @@ from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.testing import FakeClock
 from tests.contract.conftest import StoreClock, caller_clock
+from tests.hypothesis_profiles import examples
 
 META = {"partnerId": "p-1", "entity_id": "e-1", "entity_type": "Order"}
 
@@ -91,7 +92,7 @@ JSON = st.recursive(JSON_LEAVES, lambda inner: st.one_of(
                     inner, max_size=4)), max_leaves=30)
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=JSON, depth=st.integers(min_value=0, max_value=120))
 def test_any_json_ends_stored_within_two_deliveries(store: EventStore, data: Any,

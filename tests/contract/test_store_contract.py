@@ -45,6 +45,7 @@ from tests.contract.conftest import (
     put_raw,
     without_id,
 )
+from tests.hypothesis_profiles import examples
 
 GUARD_LEASE = timedelta(seconds=30)
 
@@ -1039,7 +1040,7 @@ def taken_image(before: dict[str, Any], moment: datetime, owner: str,
     return after
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(image=before_images, jitter=st.integers(0, 999))
 def test_the_python_rule_and_each_store_agree_on_the_claim(

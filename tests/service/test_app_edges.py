@@ -38,6 +38,7 @@ from handlers.partners import (
     partner_url,
 )
 from handlers.settings import AppSettings, PartnerSettings
+from tests.hypothesis_profiles import examples
 from tests.partner_server import PartnerServer
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
@@ -373,7 +374,7 @@ HOSTILE_VALUE = st.recursive(st.none() | st.booleans() | HOSTILE_NUMBER | HOSTIL
 NUMBERS = itertools.count()
 
 
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=examples(120), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(partner_id=HOSTILE_TEXT, entity_id=HOSTILE_TEXT,
        order_id=HOSTILE_VALUE, timestamp=HOSTILE_VALUE,

@@ -31,6 +31,7 @@ from eventbus.pubsub.push_auth import Authenticator, CertificateCache, fetch_cer
 from eventbus.settings import Settings, SettingsError
 from eventbus.store.memory import MemoryEventStore
 from handlers.settings import AppSettings
+from tests.hypothesis_profiles import examples
 from tests.partner_server import PartnerServer, Trickle
 from tests.service.conftest import Make, event
 
@@ -205,7 +206,7 @@ json_segment = st.recursive(
     max_leaves=8)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(
     token_text.map(lambda t: f"Bearer {t}"),
     st.tuples(json_segment, json_segment, st.binary(max_size=300)).map(

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from eventbus import deadline
 from eventbus.deadline import AnswerTooLarge, DeadlineExceeded
 from tests import hostile_server as hostile
+from tests.hypothesis_profiles import examples
 from tests.telemetry.support import captured_lines
 
 TOTAL = 0.5
@@ -163,7 +164,7 @@ def test_calls_on_one_session_from_many_threads_keep_their_own_deadlines(
 FRAMINGS = st.sampled_from(["length", "chunked", "close"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(size=st.integers(0, 6000), cap=st.integers(0, 4000), framing=FRAMINGS,
        status=st.sampled_from([200, 204, 302, 404, 503]))
 def test_an_answer_is_returned_whole_up_to_the_cap_and_refused_past_it(
@@ -297,7 +298,7 @@ def test_a_hostile_content_length_is_no_length_and_the_answer_is_read_under_the_
     assert (answer.status_code, answer.content) == (200, b"ok")
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=LENGTHS)
 def test_any_content_length_is_an_answer_or_a_requests_error_never_a_bare_exception(
         value: bytes) -> None:

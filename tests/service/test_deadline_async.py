@@ -24,6 +24,7 @@ from eventbus.deadline import MAX_ANSWER_BYTES, AnswerTooLarge, DeadlineExceeded
 from eventbus.deadline_async import Answer, AsyncClient
 from tests import aio
 from tests import hostile_server as hostile
+from tests.hypothesis_profiles import examples
 from tests.service.test_deadline import (
     BIG,
     BOUND,
@@ -145,7 +146,7 @@ def test_the_logging_transport_logs_a_failed_call_once() -> None:
     assert (line["error"], line["target"]) == ("ConnectError", url)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=LENGTHS)
 def test_any_content_length_is_an_answer_or_an_http_error_never_a_bare_exception(
         value: bytes) -> None:

@@ -29,6 +29,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
 from tests.closing import closed_after_test, closed_here
+from tests.hypothesis_profiles import examples
 
 NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 ENTITY = {"partnerId": "p1", "entity_id": "order-7", "entity_type": "Order"}
@@ -263,7 +264,7 @@ def test_a_failure_in_an_ordering_key_nacks_the_rest_of_that_key_in_the_batch() 
     assert sorted(b.seen) == [1, 3, 7] and (b.store.get(ENTITY_KEY) or {})["position"] == 3
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(order=[0, 1, 2, 3, 4, 5], repeats=[5, 5, 5, 5], failing={0, 5})
 @given(order=st.permutations(list(range(6))), repeats=st.lists(st.integers(0, 5), max_size=6),
        failing=st.sets(st.integers(0, 5), max_size=2))

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from eventbus.model.context import Context
 from eventbus.model.router import Router
 from tests import golden
+from tests.hypothesis_profiles import examples
 from tests.service.conftest import ENTRIES, Harness, Make, event
 
 
@@ -152,7 +153,7 @@ def harness(make_harness: Make) -> Harness:
     return make_harness(router=counting_router()[0])
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(form=FORMS, field=FIELDS, value=HOSTILE)
 def test_hostile_metadata_in_any_form_is_stored_or_refused(harness: Harness, form: str,

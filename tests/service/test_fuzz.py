@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from eventbus.model.context import Context
 from eventbus.model.router import Router
+from tests.hypothesis_profiles import examples
 from tests.service.conftest import ENTRIES, Harness, Make, event
 
 
@@ -123,7 +124,7 @@ def skip_known_bug(response: Any, unexpected: Unexpected) -> None:
         reject()
 
 
-FUZZ = settings(max_examples=150, deadline=None,
+FUZZ = settings(max_examples=examples(150), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 

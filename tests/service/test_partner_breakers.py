@@ -33,6 +33,7 @@ from eventbus.workers.pull import Inbox, PullWorker
 from eventbus.workers.redrive import Redriver
 from handlers.partners import PartnerClient, PartnerUnavailable
 from tests.closing import closed_after_test, closed_here
+from tests.hypothesis_profiles import examples
 from tests.partner_server import PartnerServer
 from tests.service.conftest import START, Make
 from tests.service.test_pull_worker import FakeMessage
@@ -175,7 +176,7 @@ def test_the_pull_worker_acks_parked_events_and_processes_the_others() -> None:
     assert partners.calls == {"down": 3, "up": 6}
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=2000) | st.sampled_from(["\ud800", "a\x00b", "x" * 100_000, "", " "]))
 def test_any_partner_name_from_a_message_parks_safely(name: str) -> None:
     partners = Partners()

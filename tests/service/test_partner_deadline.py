@@ -38,6 +38,7 @@ from handlers.partners import AsyncPartnerClient, PartnerClient, PartnerUnavaila
 from handlers.settings import AppSettings
 from tests import aio
 from tests import hostile_server as hostile
+from tests.hypothesis_profiles import examples
 from tests.service.conftest import START, Make
 from tests.service.test_cascade import on_the_bus, order
 from tests.service.test_deadline import HOSTILE_LENGTHS, LENGTHS, hostile_length
@@ -141,7 +142,7 @@ def async_partner() -> AsyncPartnerClient:
     return AsyncPartnerClient(AsyncClient(httpx.AsyncClient(verify=TLS)), timeout=2.0)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=LENGTHS)
 def test_any_content_length_is_delivered_or_unavailable_sync_and_async(value: bytes) -> None:
     clock = FakeClock(START)

@@ -27,6 +27,7 @@ from eventbus.testing import FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
 from eventbus.workers.rate import RateLimit
 from tests.closing import closed_after_test, closed_here
+from tests.hypothesis_profiles import examples
 
 NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 ENTITY = {"partnerId": "p1", "entity_id": "e-1", "entity_type": "Order"}
@@ -279,7 +280,7 @@ def hostile_body(value: Any, depth: int, wide: int) -> bytes:
     return (head[:-1] + ', "entity_data": ' + data + "}").encode("utf-8", "surrogatepass")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=HOSTILE_VALUE, depth=st.sampled_from([0, 5, 200, 5000]),
        wide=st.sampled_from([0, 10, 200_000]),
        raw=st.binary(max_size=40), key=HOSTILE_TEXT)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from eventbus.correlation import logs
 from eventbus.model.router import Router
+from tests.hypothesis_profiles import examples
 from tests.service.conftest import Harness, Make, event, wrapped
 
 PINNED = {"X-Request-Id": "req-1",
@@ -147,7 +148,7 @@ HOSTILE_BODY = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=HOSTILE_BODY, request_id=HEADER_TEXT)
 def test_hostile_pushes_get_the_same_answer_on_both_routes(make_harness: Make, body: bytes,
@@ -366,7 +367,7 @@ def test_flask_judges_each_host_once(make_harness: Make, monkeypatch: pytest.Mon
     assert judged == ["a.example.com", "b.example.com"]
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(host=HOSTILE_HOST)
 @example(host=REFUSED_HOSTS["64-character label"])

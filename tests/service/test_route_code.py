@@ -44,6 +44,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.pull import Inbox, PullWorker
 from tests.closing import closed_after_test
+from tests.hypothesis_profiles import examples
 from tests.service.conftest import START, Make
 from tests.service.test_pull_worker import FakeMessage
 
@@ -393,7 +394,7 @@ def permanent(exc: Exception) -> bool:
     return isinstance(exc, PermanentError | OverflowError | RecursionError | UnicodeEncodeError)
 
 
-ROUTE_CODE = settings(max_examples=80, deadline=None,
+ROUTE_CODE = settings(max_examples=examples(80), deadline=None,
                       suppress_health_check=[HealthCheck.function_scoped_fixture,
                                              HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -24,6 +24,7 @@ from eventbus.pubsub.message import build_event
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from tests.closing import app_closed_after_test
+from tests.hypothesis_profiles import examples
 from tests.telemetry.support import captured_lines, recorded
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -114,7 +115,7 @@ HEADER_TEXT = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(traceparent=HEADER_TEXT, cloud=HEADER_TEXT, state=HEADER_TEXT, request_id=HEADER_TEXT,
        attribute=HEADER_TEXT)
@@ -137,7 +138,7 @@ def test_hostile_trace_headers_and_attributes_never_break_a_request(
     assert all(line["logging.googleapis.com/trace"].startswith("projects/") for line in lines)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(attribute=HEADER_TEXT, state=HEADER_TEXT)
 def test_hostile_attributes_never_break_a_traced_message(attribute: str, state: str) -> None:
     from eventbus.model.delivery import Delivery

@@ -23,6 +23,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.telemetry import providers
 from eventbus.testing import FakeClock
 from tests.closing import closed_after_test
+from tests.hypothesis_profiles import examples
 from tests.telemetry.support import parent_of, recorded
 
 
@@ -141,7 +142,7 @@ HOSTILE_TEXT = st.one_of(
     st.builds(lambda n: f"00-{n:032x}-{n:016x}-01", st.integers(0, 2**70)))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(traceparent=HOSTILE_TEXT, tracestate=HOSTILE_TEXT)
 def test_hostile_trace_attributes_never_break_a_traced_message(traceparent: str,
                                                               tracestate: str) -> None:

@@ -43,6 +43,7 @@ from tests.archive_files import (
     record,
     write_archive,
 )
+from tests.hypothesis_profiles import examples
 
 Item = ArchivedMessage | ArchiveProblem
 
@@ -431,7 +432,7 @@ BYTES_LAYOUT = raw_schema(subscription_name="bytes", message_id="bytes", publish
                           attributes={"type": "map", "values": "bytes"})
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.data_too_large])
 @given(st.lists(hostile(), min_size=1, max_size=5))
 def test_hostile_values_give_a_message_or_a_one_line_problem_per_record(
@@ -455,7 +456,7 @@ def test_hostile_values_give_a_message_or_a_one_line_problem_per_record(
         assert isinstance(to_delivery(item), Delivery | ArchiveProblem)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.data())
 def test_a_damaged_file_never_raises(data: st.DataObject) -> None:
     whole = bytearray(avro_bytes([event_record(n) for n in range(8)], sync_interval=200))

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from eventbus.model import content
 from eventbus.model.keys import canonical_json
+from tests.hypothesis_profiles import examples
 
 
 def nested(depth: int) -> Any:
@@ -52,7 +53,7 @@ JSON = st.recursive(
     max_leaves=25)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=JSON)
 def test_the_fast_path_never_passes_what_the_walk_refuses(value: Any) -> None:
     document = {"v": value}

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventbus.ops import cli
+from tests.hypothesis_profiles import examples
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "handlers.public:routes"  # the partner app's forwards, without a store
@@ -73,7 +74,7 @@ HOSTILE_JSON = st.recursive(
     max_leaves=20)
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(content=st.one_of(
     HOSTILE_JSON.map(lambda v: json.dumps(v).encode()),

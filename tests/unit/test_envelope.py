@@ -9,6 +9,7 @@ from eventbus.model.delivery import Delivery
 from eventbus.model.errors import RequestError
 from eventbus.pubsub.envelope import parse_delivery
 from tests import golden
+from tests.hypothesis_profiles import examples
 
 WRAPPED = {"message": {"data": base64.b64encode(b'{"a": 1}').decode(), "messageId": "1"},
            "subscription": "projects/p/subscriptions/s"}
@@ -94,7 +95,7 @@ json_values = st.recursive(
     max_leaves=10)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()),
        st.dictionaries(st.sampled_from(["ce-type", "x-goog-pubsub-message-id", "other"]),
                        st.text(max_size=20), max_size=2))
@@ -227,7 +228,7 @@ def dumps(document: object, ascii_only: bool) -> bytes:
     return json.dumps(document, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(hostile, st.booleans())
 def test_hostile_values_in_any_field_give_a_delivery_or_a_request_error(
         value: object, ascii_only: bool) -> None:
@@ -242,7 +243,7 @@ def test_hostile_values_in_any_field_give_a_delivery_or_a_request_error(
             assert attempt is None or 0 <= attempt <= 2**31 - 1
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 200_000), st.sampled_from(["[", '{"a":', '{"message":', '{"data":']))
 def test_any_nesting_depth_gives_a_delivery_or_a_request_error(depth: int, opener: str) -> None:
     closer = "]" if opener == "[" else "}"

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from eventbus.ops import cli, jsonfile
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import CapturingPublisher
+from tests.hypothesis_profiles import examples
 
 FIXTURES = HealthCheck.function_scoped_fixture
 ENTITY = {"partnerId": "p-1", "entity_id": "o-1", "entity_type": "Order"}
@@ -81,7 +82,7 @@ def _write(path: Path, value: Any, extra: bytes) -> None:
     path.write_bytes(text.encode("utf-8") + extra)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[FIXTURES])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[FIXTURES])
 @given(data=HOSTILE, huge=st.integers(0, 3), extra=st.sampled_from([b"", b"\xff", b" \x00"]))
 def test_whatever_the_file_holds_publish_ends_in_lines_not_a_traceback(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -95,7 +96,7 @@ def test_whatever_the_file_holds_publish_ends_in_lines_not_a_traceback(
     assert all(line.strip().startswith(("eventbus:", "#")) for line in (out + err).splitlines())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[FIXTURES])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[FIXTURES])
 @given(data=HOSTILE, extra=st.sampled_from([b"", b"\xff"]))
 def test_whatever_the_file_holds_replay_data_ends_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

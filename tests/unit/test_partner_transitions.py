@@ -25,6 +25,7 @@ from eventbus.partners import CLOSED, HALF_OPEN, OPEN, BreakerState, Partners, p
 from eventbus.settings import Settings, SettingsError
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
+from tests.hypothesis_profiles import examples
 
 SETTINGS = Settings(breaker_failures=2, breaker_open_seconds=5, breaker_open_cap_seconds=12,
                     breaker_probe_seconds=3)
@@ -70,7 +71,7 @@ def attempt(group: Partners, store: MemoryEventStore, clock: FakeClock, step: st
     assert not called or may_call(before, clock()), (before, clock())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(STEPS)
 @example(["transient", "transient", 5, "transient", 10, "transient"])  # probes fail: the cap
 @example(["transient", "transient", 5, "die", 2, "ok", 1, "ok"])  # a probe lost, then one more

@@ -39,6 +39,7 @@ from eventbus.store.base import EntityRelease, EntityTake, EventStore
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.web.app import create_app
+from tests.hypothesis_profiles import examples
 
 PARTNER = "p-kinds"
 SECONDS_2025 = 1764590000
@@ -328,7 +329,7 @@ def _check(bus: Bus, values: list[Any]) -> None:
     assert refused <= listed  # every refusal is listed by ``eventbus failed``
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(values=st.lists(HOSTILE, min_size=1, max_size=6))
 @example(values=[SECONDS_2025, TIME_2020, SECONDS_2027])

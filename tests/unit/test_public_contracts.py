@@ -24,6 +24,7 @@ from eventbus.model.contract import ContractError, ContractViolation, contract_o
 from eventbus.model.event import event_from_document
 from eventbus.model.forward import forward_key, is_forward
 from handlers import public
+from tests.hypothesis_profiles import examples
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime(2026, 11, 25, tzinfo=dt.UTC)
@@ -231,7 +232,7 @@ HOSTILE = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(order_id=HOSTILE, status=HOSTILE, when=HOSTILE, items=HOSTILE)
 def test_hostile_values_give_a_whole_body_or_a_failed_entry(order_id: Any, status: Any,
                                                            when: Any, items: Any) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
 from tests.verify.recording import SAMPLE, cli_run
 
 GOOD = [line for line in SAMPLE.read_text().splitlines() if line.strip()]
@@ -63,7 +64,7 @@ HOSTILE = st.builds(hostile_record, st.sampled_from(EVENTS), st.one_of(
     st.text(max_size=20)))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["good", "bad", "hostile"]), st.data()),
                 min_size=1, max_size=8))
 def test_every_bad_line_is_named_and_nothing_raises(tmp_path_factory: object,
