@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -93,7 +94,8 @@ def _is_type_checking(test: ast.expr) -> bool:
             or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def imports(path: Path) -> list[Import]:
+@functools.cache  # each test walks every module: parsed once per process, not once a test
+def imports(path: Path) -> tuple[Import, ...]:
     """Every import statement of a module, wherever it is (module level or in a function)."""
     found: list[Import] = []
     package = package_of(path).split(".")
@@ -122,7 +124,7 @@ def imports(path: Path) -> list[Import]:
             visit(child, type_checking)
 
     visit(ast.parse(path.read_text(), str(path)), False)
-    return found
+    return tuple(found)
 
 
 def under(name: str, *roots: str) -> bool:
