@@ -8,6 +8,7 @@ monitor would delete records from the past), and ``run(argv)``: the
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import io
 import json
@@ -68,10 +69,6 @@ class Bus:
     publisher: CapturingPublisher = field(default_factory=CapturingPublisher)
     count: int = 0
 
-    @property
-    def processor(self) -> Processor:
-        return Processor(self.store, routes, self.settings, self.clock)
-
     def deliver(self, event_type: str = "OR_MGMT", partner: str = "p-1", *,
                 key: str | None = None, raw: bytes | None = None, **data: Any) -> Result:
         """Process one message through the real processor; the clock moves a second."""
@@ -88,9 +85,12 @@ class Bus:
         return result
 
     def redeliver(self, body: bytes, attributes: dict[str, str], message_id: str) -> Result:
+        """Process one message on a processor of its own (as a fresh instance would), closed
+        after it."""
         delivery = Delivery(body, attributes, message_id=message_id,
                             subscription="projects/local-project/subscriptions/s")
-        return self.processor.process(delivery)
+        with contextlib.closing(Processor(self.store, routes, self.settings, self.clock)) as run:
+            return run.process(delivery)
 
     def replayed(self) -> list[Result]:
         """Push every message the capturing publisher holds through the processor."""

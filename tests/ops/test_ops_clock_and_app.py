@@ -14,6 +14,7 @@ a Router, a function returning one (``handlers:create_router``) or an app from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib
 import io
@@ -134,8 +135,8 @@ def deliver(store: Any, event_type: str, n: int) -> str:
     """Process one event through the real processor on the store's clock; its stored key."""
     entity = {"partnerId": "p-1", "entity_id": f"e-{n}", "entity_type": "Order"}
     body, attributes = build_message(build_event(event_type, {"n": n}, entity=entity))
-    processor = Processor(store, ROUTES, SETTINGS, store.now)
-    return processor.process(Delivery(body, attributes, message_id=f"m-{n}")).key
+    with contextlib.closing(Processor(store, ROUTES, SETTINGS, store.now)) as processor:
+        return processor.process(Delivery(body, attributes, message_id=f"m-{n}")).key
 
 
 # --- fault 5: the store's clock --------------------------------------------------------------
@@ -198,8 +199,12 @@ def main_app(monkeypatch: pytest.MonkeyPatch, mongo_uri: str, mongo_db: Any) -> 
     monkeypatch.setenv("MONGODB_URI", mongo_uri)
     monkeypatch.setenv("MONGODB_DB", mongo_db.name)
     sys.modules.pop("main", None)
-    yield importlib.import_module("main").app
+    app = importlib.import_module("main").app
+    yield app
     sys.modules.pop("main", None)
+    service = app.extensions["eventbus"]  # what main.py built: its threads end here
+    service.processor.close()
+    service.store.close()
 
 
 def _rebuild(spec: str) -> Router:

@@ -7,6 +7,7 @@ topic, and an ordered handler that records the positions it sees.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from typing import Any
@@ -70,7 +71,8 @@ def live(bus: Bus, event_type: str, data: dict[str, Any], number: int) -> Result
     body, attributes = build_message(build_event(event_type, data, entity=ENTITY))
     processor = Processor(bus.store, cascade, bus.settings, bus.clock,
                           after_success=Relay(bus.store, bus.publisher, now=bus.store.now))
-    result = processor.process(Delivery(body, attributes, message_id=f"live-{number}"))
+    with contextlib.closing(processor):
+        result = processor.process(Delivery(body, attributes, message_id=f"live-{number}"))
     bus.clock.advance(1)
     return result
 
