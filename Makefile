@@ -11,13 +11,24 @@ test:       ## install, lint, type-check and run every test against real servers
 	$(if $(filter true,$(CI)),PYTHONHASHSEED=0) bash infra/test.sh
 
 # The quick tier, for the edit-test loop: no server is started (tests/tiers.py marks the
-# tests that need one `server`). Bytecode caches are written (as in infra/test.sh): each
-# xdist worker would rewrite every test module's asserts again without them.
-check:      ## ruff, mypy and every test that needs no server: in 90 s, before each commit
+# tests that need one `server`), and no test marked `slow` runs (seconds of CPU each: the
+# 9 MB payloads of tests/service/test_trust.py and tests/contract/test_salvage_contract.py);
+# make test runs both kinds. EVENTBUS_TIER=check also cuts three budgets that make test and
+# CI run in full: hypothesis's `check` profile draws a fifth of each test's examples,
+# derandomized (tests/hypothesis_profiles.py), the model runs 60 examples, not 300
+# (tests/model/test_model.py), the simulation 200 seeds, not 2,000 (tests/sim/test_simulation.py).
+# mypy's cache (.mypy_cache) is kept between runs: under a second when src is unchanged.
+# -n auto: one xdist worker per core (two here) instead of pyproject.toml's four, there for
+# make test's server waits. On this 2-core machine, loaded by other work (2026-12-02), four
+# took 65-78 s of CPU and 69-108 s, three 55-68 s and 76-81 s, two 47-55 s and 75-94 s.
+# Bytecode caches are written (as in infra/test.sh): each xdist worker would rewrite every
+# test module's asserts again without them.
+check:      ## ruff, mypy and every quick test that needs no server: in 90 s, before each commit
 	bash infra/venv.sh
 	.venv/bin/ruff check .
 	.venv/bin/mypy src handlers infra main.py
-	env -u PYTHONDONTWRITEBYTECODE EVENTBUS_TIER=check .venv/bin/python -m pytest -m "not server" $(CHECK_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE EVENTBUS_TIER=check .venv/bin/python -m pytest \
+	  -m "not server and not slow" -n auto $(CHECK_ARGS)
 
 # Random examples, many more of them (tests/hypothesis_profiles.py), the model's long
 # budget too; what it finds is kept in .hypothesis/ and becomes an explicit @example.
