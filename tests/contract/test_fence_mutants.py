@@ -67,6 +67,33 @@ def by_kind(exc: BaseException) -> str:
     return "permanent" if isinstance(exc, PermanentError) else "transient"
 
 
+class _Kept(logging.Handler):
+    """A handler that keeps every record it is given."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def logged(name: str) -> Iterator[list[logging.LogRecord]]:
+    """The records of logger ``name`` at INFO and above while the block runs (a handler of
+    its own: whatever another test did to propagation or levels)."""
+    handler = _Kept(logging.INFO)
+    records = handler.records
+    target = logging.getLogger(name)
+    level, target.level = target.level, logging.INFO
+    target.addHandler(handler)
+    try:
+        yield records
+    finally:
+        target.removeHandler(handler)
+        target.setLevel(level)
+
+
 class Renewing:
     """A keeper that renews the lease it is given on the store, as the processor's heartbeat
     does, and records what it was given and whether the renewal took."""
@@ -182,18 +209,16 @@ def test_the_backoff_grows_to_its_cap_within_half_a_lease(
 
 
 def test_the_guards_log_names_the_key_the_write_and_the_store_error(
-        store: EventStore, store_clock: StoreClock, now: datetime,
-        caplog: pytest.LogCaptureFixture) -> None:
+        store: EventStore, store_clock: StoreClock, now: datetime) -> None:
     clock, key = caller_clock(store_clock, now), new_key()
-    caplog.set_level(logging.INFO, logger="eventbus.guard")
-    with pytest.raises(StoreUnavailable):
-        guard(Failover(store, fails=1000), clock).run(key, Partner())
     failed = new_key()
-    with pytest.raises(PermanentError):
-        guard(Failover(store, fails=1, succeeded=False), clock).run(
-            failed, Partner(PermanentError("refused")))
-    lines = [(record.levelno, record.getMessage()) for record in caplog.records
-             if record.name == "eventbus.guard"]
+    with logged("eventbus.guard") as records:
+        with pytest.raises(StoreUnavailable):
+            guard(Failover(store, fails=1000), clock).run(key, Partner())
+        with pytest.raises(PermanentError):
+            guard(Failover(store, fails=1, succeeded=False), clock).run(
+                failed, Partner(PermanentError("refused")))
+    lines = [(record.levelno, record.getMessage()) for record in records]
     retries = [text for level, text in lines if level == logging.INFO]
     warnings = [text for level, text in lines if level == logging.WARNING]
     assert len(retries) == Guard.retry_tries - 1 and len(warnings) == 2

@@ -11,11 +11,12 @@ back due for the redrive; the claim's holds save the take's round trip.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -96,6 +97,31 @@ class Bus:
         self.clock.advance(60)  # the hold (and the claims' leases) ran out
 
 
+class _Kept(logging.Handler):
+    """A handler that keeps every record it is given."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def logged(name: str) -> Iterator[list[logging.LogRecord]]:
+    """The records of logger ``name`` (and its children) while the block runs, by a handler
+    of its own: whatever another test did to propagation, caplog's or the root's."""
+    handler = _Kept(logging.INFO)
+    records = handler.records
+    target = logging.getLogger(name)
+    target.addHandler(handler)
+    try:
+        yield records
+    finally:
+        target.removeHandler(handler)
+
+
 def delivery(position: Any, key: str, entity: dict[str, str] = ENTITY) -> Delivery:
     body = {"event_type": "OR_MGMT", "event_version": "v1", "entity_metadata": entity,
             "entity_data": {"ts": position}}
@@ -158,12 +184,11 @@ def test_a_stale_event_names_the_key_applied_before_this_lane() -> None:
     assert b.record("b")["stale"]["applied_key"] == "p:p1:e"
 
 
-def test_a_mismatched_kind_is_a_permanent_failure_that_says_why(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_mismatched_kind_is_a_permanent_failure_that_says_why() -> None:
     b = bus()
     assert b.deliver(5, "n").outcome.value == "processed"
-    caplog.set_level(logging.ERROR)
-    result = b.deliver("2026-11-25T12:00:00Z", "t")
+    with logged("eventbus") as records:
+        result = b.deliver("2026-11-25T12:00:00Z", "t")
     assert (result.outcome.value, result.key, result.event_type, result.attempt) == (
         "rejected", "p:p1:t", "OR_MGMT", 1)
     assert result.error.startswith("PositionKindMismatch")
@@ -172,7 +197,7 @@ def test_a_mismatched_kind_is_a_permanent_failure_that_says_why(
     assert record["error"]["classification"] == "permanent"
     assert record["error"]["type"] == "PositionKindMismatch"
     assert any(r.levelno == logging.ERROR and "position kind mismatch on p:p1:t" in r.getMessage()
-               for r in caplog.records)
+               for r in records)
 
 
 # -- a crashed holder's orphan -------------------------------------------------------------------
