@@ -85,13 +85,19 @@ def logged(name: str) -> Iterator[list[logging.LogRecord]]:
     handler = _Kept(logging.INFO)
     records = handler.records
     target = logging.getLogger(name)
-    level, target.level = target.level, logging.INFO
+    # A logging config an earlier test applied may have disabled the logger or set a level.
+    level, disabled, muted = target.level, target.disabled, logging.root.manager.disable
+    target.setLevel(logging.INFO)
+    target.disabled = False
+    logging.disable(logging.NOTSET)
     target.addHandler(handler)
     try:
         yield records
     finally:
         target.removeHandler(handler)
         target.setLevel(level)
+        target.disabled = disabled
+        logging.disable(muted)
 
 
 class Renewing:

@@ -115,11 +115,17 @@ def logged(name: str) -> Iterator[list[logging.LogRecord]]:
     handler = _Kept(logging.INFO)
     records = handler.records
     target = logging.getLogger(name)
+    # A logging config an earlier test applied may have disabled the logger.
+    disabled, muted = target.disabled, logging.root.manager.disable
+    target.disabled = False
+    logging.disable(logging.NOTSET)
     target.addHandler(handler)
     try:
         yield records
     finally:
         target.removeHandler(handler)
+        target.disabled = disabled
+        logging.disable(muted)
 
 
 def delivery(position: Any, key: str, entity: dict[str, str] = ENTITY) -> Delivery:
