@@ -32,6 +32,7 @@ from eventbus.store.base import EventStore
 from eventbus.store.documents import partner_documents
 from eventbus.testing import CapturingPublisher
 from eventbus.workers.redrive import Redriver
+from tests.closing import closed_after_test
 from tests.contract.conftest import StoreClock, caller_clock
 
 PARK = 5.0
@@ -135,7 +136,7 @@ def _setup(store: EventStore, store_clock: StoreClock,
     config = Settings(partner_concurrency=1, partner_concurrency_wait_seconds=0,
                       partner_concurrency_park_seconds=PARK, redrive_after_seconds=60,
                       relay_inline=False)
-    run = Processor(store, router(partner), config, clock)
+    run = closed_after_test(Processor(store, router(partner), config, clock))
     publisher = CapturingPublisher()
     return run, Redriver(store, publisher, config, now=clock, locate=run.locate), publisher, \
         clock
@@ -177,7 +178,7 @@ def test_a_batch_over_the_cap_parks_the_rest_and_calls_the_others(
     clock = caller_clock(store_clock, documents.bson_time(datetime.now(UTC)))
     config = Settings(partner_concurrency=2, partner_concurrency_wait_seconds=0,
                       relay_inline=False)
-    run = Processor(store, router(partner), config, clock, concurrency=8)
+    run = closed_after_test(Processor(store, router(partner), config, clock, concurrency=8))
     tag = uuid.uuid4().hex
     partner.gate.clear()
     batch = [delivery("acme", f"{tag}-a{n}") for n in range(6)] + \

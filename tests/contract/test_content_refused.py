@@ -26,6 +26,7 @@ from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import EventStore
 from eventbus.testing import FakeClock
+from tests.closing import closed_after_test
 
 MB = 1024 * 1024
 
@@ -52,7 +53,8 @@ def test_a_write_the_store_refuses_fails_for_good_with_the_reason(
         store: EventStore, mongo_db: Database, effect: object) -> None:
     routes = Router()
     routes.handler("TEST")(lambda context: effect(context, mongo_db))  # type: ignore[operator]
-    run = Processor(store, routes, Settings(max_attempts=50), FakeClock(datetime.now(UTC)))
+    run = closed_after_test(Processor(store, routes, Settings(max_attempts=50),
+                                      FakeClock(datetime.now(UTC))))
     result = run.process(message())
     assert result.outcome is Outcome.REJECTED, result
     record = store.get(result.key) or {}
@@ -83,7 +85,8 @@ def test_an_error_message_no_store_keeps_is_stored_escaped_and_keeps_its_classif
     routes = Router()
     routes.handler("TEST", versions=("v2",), upcasters={"v1": upcast},
                    ordered_by="entity_data.n" if ordered else None)(lambda context: None)
-    run = Processor(store, routes, Settings(max_attempts=5), FakeClock(datetime.now(UTC)))
+    run = closed_after_test(Processor(store, routes, Settings(max_attempts=5),
+                                      FakeClock(datetime.now(UTC))))
     result = run.process(message())
     assert result.outcome is Outcome.RETRY, result
     record = store.get(result.key) or {}

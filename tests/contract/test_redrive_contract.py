@@ -20,6 +20,7 @@ from eventbus.store.base import EventStore, Finish
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import CapturingPublisher, FakeClock
 from eventbus.workers.redrive import Redriver
+from tests.closing import closed_after_test
 from tests.contract.conftest import ERROR, FIELDS, StoreClock, caller_clock, new_key, put_raw
 
 AFTER = timedelta(seconds=1200)
@@ -166,7 +167,7 @@ def setup(store: EventStore, store_clock: StoreClock, failures: int,
     """A processor and a sweeper over ``store`` on one fake clock that moves the store's too."""
     clock = caller_clock(store_clock, documents.bson_time(datetime.now(UTC)))
     config = Settings(redrive_after_seconds=60, **settings)
-    run = Processor(store, flaky_router([1] * failures), config, clock)
+    run = closed_after_test(Processor(store, flaky_router([1] * failures), config, clock))
     publisher = CapturingPublisher()
     return run, Redriver(store, publisher, config, now=clock, locate=run.locate), publisher, \
         clock

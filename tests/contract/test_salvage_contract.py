@@ -24,6 +24,7 @@ from eventbus.processor import Heartbeat, Processor
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.testing import FakeClock
+from tests.closing import closed_after_test, closed_here
 from tests.contract.conftest import StoreClock, caller_clock
 from tests.hypothesis_profiles import examples
 
@@ -38,8 +39,8 @@ def router() -> Router:
 
 def processor(store: EventStore, clock: FakeClock | None = None,
               routes: Router | None = None) -> Processor:
-    return Processor(store, routes or router(), Settings(max_attempts=3),
-                     clock or FakeClock(datetime.now(UTC)))
+    return closed_after_test(Processor(store, routes or router(), Settings(max_attempts=3),
+                                       clock or FakeClock(datetime.now(UTC))))
 
 
 def delivery(data: Any, message_id: str = "", **attributes: str) -> Delivery:
@@ -102,8 +103,8 @@ def test_any_json_ends_stored_within_two_deliveries(store: EventStore, data: Any
                                                      depth: int) -> None:
     body = event(v=data, deep=nested(depth))
     message = delivery(json.dumps(body).encode(), idempotency_key=uuid.uuid4().hex)
-    run = processor(store)
-    results = [run.process(message), run.process(message)]
+    with closed_here(processor(store)) as run:  # each example's threads end with it
+        results = [run.process(message), run.process(message)]
     assert all(result.outcome is not Outcome.UNAVAILABLE for result in results), results
     assert results[0].outcome in (Outcome.PROCESSED, Outcome.REJECTED)
     assert results[1].outcome is Outcome.DUPLICATE or results[1].outcome is Outcome.REJECTED
@@ -154,7 +155,7 @@ def test_a_live_handlers_heartbeat_keeps_its_event(
                 store.claim(context.key, {}, clock())
         seen.append(context.key)
 
-    run = Processor(store, routes, Settings(), clock, heartbeat=beat)
+    run = closed_after_test(Processor(store, routes, Settings(), clock, heartbeat=beat))
     result = run.process(delivery(event(n=1), idempotency_key=uuid.uuid4().hex))
     assert result.outcome is Outcome.PROCESSED and seen == [result.key]
 
