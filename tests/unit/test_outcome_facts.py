@@ -23,7 +23,7 @@ def test_every_outcome_has_one_row_and_acks_exactly_when_its_status_is_2xx() -> 
 
 
 def test_the_push_answer_the_body_and_the_rebuild_read_the_table() -> None:
-    assert http_status.STATUS == {outcome: FACTS[outcome].status for outcome in Outcome}
+    assert {outcome: FACTS[outcome].status for outcome in Outcome} == http_status.STATUS
     assert http_status.CLASSIFICATION["rejected"] == "permanent"
     assert "processed" not in http_status.CLASSIFICATION
     assert set(AGAIN) == {Outcome.IN_PROGRESS, Outcome.UNAVAILABLE, Outcome.LEASE_LOST}
