@@ -355,3 +355,28 @@ def test_claimable_without_a_fingerprint_never_takes_a_refused_record() -> None:
     held = {"event_status": "PENDING", "payload_fingerprint": "a"}
     assert not documents.claimable(held, NOW, "b")  # another payload: a conflict
     assert documents.claimable(held, NOW, "a") and documents.claimable(held, NOW)
+
+
+def test_a_busy_entitys_result_says_so_and_spends_no_attempt() -> None:
+    b = bus()
+    b.store.take_entities({ENTITY_KEY: EntityTake(ENTITY, ("x",), (9,))}, NOW)
+    result = b.deliver(4, "d")
+    assert (result.outcome.value, result.key, result.event_type, result.attempt,
+            result.error) == ("in_progress", "p:p1:d", "OR_MGMT", 0, "EntityBusy")
+    assert b.record("d")["attempts"] == 0
+
+
+def test_a_success_stores_its_order_for_a_later_roll_forward() -> None:
+    b = bus()
+    assert b.deliver(3, "c").outcome.value == "processed"
+    assert b.record("c")["order"] == {"entity_key": ENTITY_KEY, "position": 3, "kind": "number"}
+
+
+def test_a_batch_of_mixed_kinds_never_runs_an_event_of_another_kind_than_the_applied_one() -> None:
+    # A take of mixed kinds may hold in the claim only an entity with no position or an
+    # untagged one: the lane must see the tagged position, or the time event would run.
+    b = bus()
+    assert b.deliver(1, "n1").outcome.value == "processed"
+    results = b.processor.run([delivery(2, "n2"), delivery("2026-11-25T12:00:00Z", "t")])
+    assert [r.outcome.value for r in results] == ["processed", "rejected"]
+    assert b.seen == [1, 2]
