@@ -85,12 +85,16 @@ class Snapshot:
     loops: set[int] = field(default_factory=set)
     children: dict[int, str] = field(default_factory=dict)
     sockets: set[str] = field(default_factory=set)
+    parents: dict[int, int] = field(default_factory=dict)
+    """Each descendant's parent: a process that an older one started later (Chromium's
+    utility processes, started as pages need them) belongs to the older one's owner."""
 
     @classmethod
     def now(cls) -> Snapshot:
         """Take one."""
+        parents: dict[int, int] = {}
         return cls(set(threading.enumerate()), {id(loop) for loop in list(_LOOPS)},
-                   _children(), _sockets())
+                   _children(parents), _sockets(), parents)
 
     def absorb(self, other: Snapshot) -> None:
         """Count everything in ``other`` as belonging here too."""
@@ -98,10 +102,12 @@ class Snapshot:
         self.loops |= other.loops
         self.children.update(other.children)
         self.sockets |= other.sockets
+        self.parents.update(other.parents)
 
 
-def _children() -> dict[int, str]:
-    """This process's living descendants (pid -> command line), from ``/proc``."""
+def _children(parent_of: dict[int, int] | None = None) -> dict[int, str]:
+    """This process's living descendants (pid -> command line), from ``/proc``; each one's
+    parent goes into ``parent_of`` when given."""
     found: dict[int, str] = {}
     parents = [os.getpid()]
     while parents:
@@ -123,6 +129,8 @@ def _children() -> dict[int, str]:
                     continue
                 if state in ("Z", "X"):
                     continue  # exited, only not reaped yet: nothing runs
+                if parent_of is not None:
+                    parent_of[pid] = parent
                 found[pid] = command.replace(b"\0", b" ").decode(errors="replace").strip()
                 parents.append(pid)
     return found
@@ -175,6 +183,19 @@ _BEFORE = pytest.StashKey[Snapshot]()
 _WIDER = Snapshot()  # what wider-scoped fixtures started: theirs for the rest of the run
 
 
+def _descends(pid: int, older: set[int], parents: dict[int, int]) -> bool:
+    """True when ``pid`` is one of ``older`` or a descendant of one (its owner's, not new)."""
+    seen: set[int] = set()
+    while pid not in seen:
+        if pid in older:
+            return True
+        seen.add(pid)
+        if pid not in parents:
+            return False
+        pid = parents[pid]
+    return False
+
+
 def _process_wide(thread: threading.Thread) -> bool:
     return thread.name.startswith(tuple(PROCESS_WIDE))
 
@@ -196,8 +217,9 @@ def _leaks(before: Snapshot) -> list[str]:
             gc.collect()  # one nobody holds any more is gone, not left running
             leaks += [f"event loop {loop!r}, never closed" for loop in list(_LOOPS)
                       if id(loop) in new_loops and not loop.is_running() and not loop.is_closed()]
+    older = before.children.keys() | _WIDER.children.keys()
     for pid, command in now.children.items():
-        if pid not in before.children and pid not in _WIDER.children:
+        if not _descends(pid, older, now.parents):
             leaks.append(f"process {pid}: {command[:200]}")
     new_sockets = now.sockets - before.sockets - _WIDER.sockets
     if new_sockets:

@@ -56,6 +56,13 @@ class Pusher:
 
     def __init__(self, processor: Processor) -> None:
         self.processor, self.sent = processor, 0
+        self.timers: list[threading.Timer] = []
+
+    def close(self) -> None:
+        """Wait for the deliveries still due, then close the processor (nothing outlives it)."""
+        for timer in self.timers:
+            timer.join()
+        self.processor.close()
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str], *,
                         ordering_key: str | None = None, timeout: float | None = None,
@@ -65,7 +72,9 @@ class Pusher:
             return f"public-{self.sent}"
         delivery = Delivery(data, dict(attributes), message_id=f"replay-{self.sent}",
                             subscription="projects/local-project/subscriptions/browser")
-        threading.Timer(0.3, self.processor.process, args=(delivery,)).start()
+        timer = threading.Timer(0.3, self.processor.process, args=(delivery,))
+        self.timers.append(timer)
+        timer.start()
         return f"replay-{self.sent}"
 
 
@@ -95,4 +104,7 @@ def console(mongo_uri: str, mongo_db: Database) -> Iterator[Console]:
     thread.start()
     yield Console(f"http://127.0.0.1:{server.server_port}", bus, pusher)
     server.shutdown()
+    thread.join()
+    server.server_close()
+    pusher.close()
     store.close()
