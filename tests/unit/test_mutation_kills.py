@@ -380,3 +380,30 @@ def test_a_batch_of_mixed_kinds_never_runs_an_event_of_another_kind_than_the_app
     results = b.processor.run([delivery(2, "n2"), delivery("2026-11-25T12:00:00Z", "t")])
     assert [r.outcome.value for r in results] == ["processed", "rejected"]
     assert b.seen == [1, 2]
+
+
+def test_an_event_at_the_applied_position_runs_when_the_lane_reads_the_position() -> None:
+    # A batch with an older event cannot be held by the claim: its lane is taken the full
+    # way and compares with the applied position, where an equal one is not older.
+    b = bus()
+    assert b.deliver(3, "c").outcome.value == "processed"
+    results = b.processor.run([delivery(3, "d"), delivery(2, "e")])
+    assert [r.outcome.value for r in results] == ["processed", "stale"]
+    assert b.seen == [3, 3]
+
+
+def test_an_orphan_success_at_the_applied_position_changes_nothing() -> None:
+    b = bus()
+    assert b.deliver(5, "a").outcome.value == "processed"
+    b.crashed_holder(("b", 5, "success"))
+    assert b.deliver(3, "older").outcome.value == "stale"
+    assert b.record("older")["stale"]["applied_key"] == "p:p1:a"
+    assert b.entity()["applied_key"] == "p:p1:a"
+
+
+def test_a_roll_forward_alone_tags_a_new_entity_with_the_successs_kind() -> None:
+    b = bus()
+    b.crashed_holder(("newer", 5, "success"))
+    assert b.deliver(3, "older").outcome.value == "stale"
+    entity = b.entity()
+    assert (entity["position"], entity["position_kind"]) == (5, "number")
