@@ -18,17 +18,21 @@ test:       ## install, lint, type-check and run every test against real servers
 # derandomized (tests/hypothesis_profiles.py), the model runs 60 examples, not 300
 # (tests/model/test_model.py), the simulation 200 seeds, not 2,000 (tests/sim/test_simulation.py).
 # mypy's cache (.mypy_cache) is kept between runs: under a second when src is unchanged.
-# -n auto: one xdist worker per core (two here) instead of pyproject.toml's four, there for
-# make test's server waits. On this 2-core machine, loaded by other work (2026-12-02), four
-# took 65-78 s of CPU and 69-108 s, three 55-68 s and 76-81 s, two 47-55 s and 75-94 s.
 # Bytecode caches are written (as in infra/test.sh): each xdist worker would rewrite every
 # test module's asserts again without them.
+# CHECK_WORKERS: one xdist worker more than the cores (three here), not pyproject.toml's
+# four, which are for make test's server waits: each worker costs 3-4 s of CPU to start and
+# collect, but about 50 s of the quick tier's tests wait (deadlines cutting a trickle, a down
+# store's timeouts) and a spare worker runs others meanwhile. On this 2-core machine, loaded
+# by other work (2026-12-02), medians of make check: four workers 89 s (67 s of CPU), three
+# 79 s (66 s), two 85 s (55 s).
+CHECK_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 check:      ## ruff, mypy and every quick test that needs no server: in 90 s, before each commit
 	bash infra/venv.sh
 	.venv/bin/ruff check .
 	.venv/bin/mypy src handlers infra main.py
 	env -u PYTHONDONTWRITEBYTECODE EVENTBUS_TIER=check .venv/bin/python -m pytest \
-	  -m "not server and not slow" -n auto $(CHECK_ARGS)
+	  -m "not server and not slow" -n $(CHECK_WORKERS) $(CHECK_ARGS)
 
 # Random examples, many more of them (tests/hypothesis_profiles.py), the model's long
 # budget too; what it finds is kept in .hypothesis/ and becomes an explicit @example.
