@@ -407,3 +407,13 @@ def test_a_roll_forward_alone_tags_a_new_entity_with_the_successs_kind() -> None
     assert b.deliver(3, "older").outcome.value == "stale"
     entity = b.entity()
     assert (entity["position"], entity["position_kind"]) == (5, "number")
+
+
+def test_a_busy_entity_on_a_later_attempt_answers_the_attempt_already_spent() -> None:
+    b = bus()
+    b.failing.add(4)
+    assert b.deliver(4, "d").outcome.value == "retry"  # attempt 1 spent
+    b.store.take_entities({ENTITY_KEY: EntityTake(ENTITY, ("x",), (9,))}, NOW)
+    result = b.deliver(4, "d")
+    assert (result.outcome.value, result.attempt) == ("in_progress", 1)
+    assert b.record("d")["attempts"] == 1
