@@ -46,6 +46,7 @@ from tests.contract.conftest import (
     put_raw,
 )
 from tests.contract.test_guard_store_errors import RESULT, Failover, Partner, Waits, guard
+from tests.logged import logged
 
 FORMS = ["sync", "async"]
 
@@ -65,39 +66,6 @@ def failing(store: EventStore, fails: int = 2) -> Any:
 def by_kind(exc: BaseException) -> str:
     """A classifier that reads the error (a permanent error is permanent)."""
     return "permanent" if isinstance(exc, PermanentError) else "transient"
-
-
-class _Kept(logging.Handler):
-    """A handler that keeps every record it is given."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__(level)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextlib.contextmanager
-def logged(name: str) -> Iterator[list[logging.LogRecord]]:
-    """The records of logger ``name`` at INFO and above while the block runs (a handler of
-    its own: whatever another test did to propagation or levels)."""
-    handler = _Kept(logging.INFO)
-    records = handler.records
-    target = logging.getLogger(name)
-    # A logging config an earlier test applied may have disabled the logger or set a level.
-    level, disabled, muted = target.level, target.disabled, logging.root.manager.disable
-    target.setLevel(logging.INFO)
-    target.disabled = False
-    logging.disable(logging.NOTSET)
-    target.addHandler(handler)
-    try:
-        yield records
-    finally:
-        target.removeHandler(handler)
-        target.setLevel(level)
-        target.disabled = disabled
-        logging.disable(muted)
 
 
 class Renewing:

@@ -11,12 +11,11 @@ back due for the redrive; the claim's holds save the take's round trip.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -32,6 +31,7 @@ from eventbus.store.base import EntityHolds, EntityRelease, EntityTake, Finish
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from tests.closing import closed_after_test
+from tests.logged import logged
 
 NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 ENTITY = {"partnerId": "p1", "entity_id": "order-7", "entity_type": "Order"}
@@ -95,37 +95,6 @@ class Bus:
         self.store.take_entities({ENTITY_KEY: EntityTake(ENTITY, tuple(keys),
                                                          tuple(positions))}, NOW)
         self.clock.advance(60)  # the hold (and the claims' leases) ran out
-
-
-class _Kept(logging.Handler):
-    """A handler that keeps every record it is given."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__(level)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextlib.contextmanager
-def logged(name: str) -> Iterator[list[logging.LogRecord]]:
-    """The records of logger ``name`` (and its children) while the block runs, by a handler
-    of its own: whatever another test did to propagation, caplog's or the root's."""
-    handler = _Kept(logging.INFO)
-    records = handler.records
-    target = logging.getLogger(name)
-    # A logging config an earlier test applied may have disabled the logger.
-    disabled, muted = target.disabled, logging.root.manager.disable
-    target.disabled = False
-    logging.disable(logging.NOTSET)
-    target.addHandler(handler)
-    try:
-        yield records
-    finally:
-        target.removeHandler(handler)
-        target.disabled = disabled
-        logging.disable(muted)
 
 
 def delivery(position: Any, key: str, entity: dict[str, str] = ENTITY) -> Delivery:
