@@ -7,6 +7,7 @@ wrapped store call, after its write: the process dies between two store writes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,12 +25,17 @@ class World:
         self.projection: dict[str, str] = {}
         self.runs: list[tuple[str, bool]] = []
 
-    def router(self) -> Router:
+    def router(self, fails: Callable[[Context], BaseException | None] = lambda context: None,
+               ) -> Router:
+        """The ordered ``OR_MGMT`` handler; ``fails(context)``: the error it raises, if any."""
         routes = Router()
 
         @routes.handler("OR_MGMT", ordered_by="entity_data.n")
         def on_order(context: Context) -> None:
             self.runs.append((context.key, context.replay is not None))
+            error = fails(context)
+            if error is not None:
+                raise error
             entity_id = context.event.entity_metadata.entity_id
             self.projection[entity_id] = str(context.event.entity_data["status"])
 
@@ -156,17 +162,14 @@ def test_an_applied_event_failing_for_now_runs_again_so_the_entity_ends_on_its_s
 
     world = World()
     failing = {"left": 1}
-    routes = Router()
 
-    @routes.handler("OR_MGMT", ordered_by="entity_data.n")
-    def on_order(context: Context) -> None:
-        world.runs.append((context.key, context.replay is not None))
-        if context.replay is not None and context.event.entity_data["n"] == 2 and \
-                failing["left"] > 0:
-            failing["left"] -= 1
-            raise StoreUnavailable("the store is away (test)")
-        world.projection["o-1"] = str(context.event.entity_data["status"])
+    def fails(context: Context) -> BaseException | None:
+        if context.replay is None or context.event.entity_data["n"] != 2 or not failing["left"]:
+            return None
+        failing["left"] -= 1
+        return StoreUnavailable("the store is away (test)")
 
+    routes = world.router(fails)
     bus = local_bus(routes)
     keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
     report = job(bus, routes, keys=tuple(keys)).run()
@@ -182,15 +185,9 @@ def test_an_applied_event_still_failing_is_left_for_the_resume() -> None:
 
     world = World()
     failing = {"on": True}
-    routes = Router()
-
-    @routes.handler("OR_MGMT", ordered_by="entity_data.n")
-    def on_order(context: Context) -> None:
-        world.runs.append((context.key, context.replay is not None))
-        if context.replay is not None and context.event.entity_data["n"] == 2 and failing["on"]:
-            raise StoreUnavailable("the store is away (test)")
-        world.projection["o-1"] = str(context.event.entity_data["status"])
-
+    routes = world.router(lambda context: StoreUnavailable("the store is away (test)")
+                          if context.replay is not None and context.event.entity_data["n"] == 2
+                          and failing["on"] else None)
     bus = local_bus(routes)
     keys = [publish(bus, 1, "OR_PLC"), publish(bus, 2, "OR_DLV")]
     report = job(bus, routes, keys=tuple(keys), retries=1).run()
@@ -210,17 +207,14 @@ def test_a_resume_runs_the_first_plan_though_an_older_event_of_an_entity_finishe
     the resume decides B1 and B2 (stale: the applied event 3 is not in the rebuild)."""
     world = World()
     failing = {"left": 1}
-    routes = Router()
 
-    @routes.handler("OR_MGMT", ordered_by="entity_data.n")
-    def on_order(context: Context) -> None:
-        world.runs.append((context.key, context.replay is not None))
-        if context.event.entity_data["n"] == 3 and failing["left"] > 0:
-            failing["left"] -= 1
-            raise ConnectionError("the partner is away (test)")
-        world.projection[context.event.entity_metadata.entity_id] = \
-            str(context.event.entity_data["status"])
+    def fails(context: Context) -> BaseException | None:
+        if context.event.entity_data["n"] != 3 or not failing["left"]:
+            return None
+        failing["left"] -= 1
+        return ConnectionError("the partner is away (test)")
 
+    routes = world.router(fails)
     bus = local_bus(routes)
     later = publish(bus, 3, "OR_DLV", "o-B")
     bus.clock.advance(1)
