@@ -233,3 +233,18 @@ def test_a_resume_runs_the_first_plan_though_an_older_event_of_an_entity_finishe
     assert resumed.counts["stale"] == stale_before + 2 and audits(bus, later, rebuild_id) == []
     assert world.projection == {"o-A": "OR_DLV", "o-B": "OR_DLV"}
     assert bus.store.rebuild_plan(rebuild_id) == [*firsts, *seconds]
+
+
+def test_a_resume_over_the_stored_plan_still_names_a_given_key_with_no_record() -> None:
+    """``--keys`` naming a key the store lacks: the first run says so, and a resume (which
+    reads its stored plan, not the store) says so again, and exits 1 for it."""
+    world = World()
+    bus = make_bus(world)
+    known = publish(bus, 1, "OR_PLC")
+    first = job(bus, world.router(), keys=(known, "p:p1:nobody:OR_MGMT:0"))
+    first.run(stop_after=0)
+    assert first.source.missing == ["p:p1:nobody:OR_MGMT:0"]
+    resumed = job(bus, world.router(), run=bus.store.rebuild_get(first.report.rebuild_id))
+    resumed.run()
+    assert resumed.source.missing == ["p:p1:nobody:OR_MGMT:0"]
+    assert world.replayed(known) == 1

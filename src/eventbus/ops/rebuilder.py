@@ -128,6 +128,12 @@ class StoredSource:
             rows = self.store.find_events(query, limit=self.limit, fields=list(PLAN_FIELDS))
         return run_order(rows)
 
+    def resume(self, plan: Sequence[str]) -> None:
+        """Take ``plan``, a run's stored plan, as planned here: a given key it lacks is
+        ``missing``, as ``plan()`` found it then (no read: the plan holds what was found)."""
+        planned = set(plan)
+        self.missing = [key for key in self.selection.keys if key not in planned]
+
     def load(self, keys: Sequence[str]) -> list[tuple[Delivery, Record | None]]:
         """The keys' records (read a page ahead) as the deliveries they came from."""
         wanted = [key for key in keys if key not in self._cache]
@@ -398,7 +404,9 @@ class Rebuild:
         size = frozen.get("keys") if isinstance(frozen, Mapping) else None
         saved = self.store.rebuild_plan(rebuild_id) if size is not None else None
         if saved is not None and len(saved) == size:
-            if not isinstance(self.source, StoredSource):
+            if isinstance(self.source, StoredSource):
+                self.source.resume(saved)
+            else:
                 self.source.plan()
             return saved
         plan = self.source.plan()
