@@ -15,8 +15,9 @@ import os
 
 import httpx
 
-from eventbus import Context, Router, deadline
-from eventbus.deadline_async import AsyncClient
+from eventbus import Context, Router
+from eventbus.http import deadline
+from eventbus.http.deadline_async import AsyncClient
 from handlers.partners import AsyncPartnerClient, PartnerClient, partner_url
 
 EVENT_TYPE = "BENCH_PARTNER"

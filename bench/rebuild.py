@@ -44,9 +44,9 @@ from bench.pull import (  # noqa: E402
     noop_router,
     run_worker,
 )
-from eventbus.model.replaying import Replay  # noqa: E402
-from eventbus.ops.rebuilder import Rebuild, Selection, StoredSource, new_run  # noqa: E402
-from eventbus.processor.replay_mode import ReplayProcessor  # noqa: E402
+from eventbus.model.rebuild_policy import Replay  # noqa: E402
+from eventbus.rebuild.mode import ReplayProcessor  # noqa: E402
+from eventbus.rebuild.runner import Rebuild, Selection, StoredSource, new_run  # noqa: E402
 from eventbus.settings import Settings  # noqa: E402
 from eventbus.store.mongo import MongoEventStore  # noqa: E402
 from eventbus.store.operator_queries import EventQuery  # noqa: E402

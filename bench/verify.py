@@ -35,7 +35,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "src"),
 
 import mongomock  # noqa: E402
 
-from eventbus.ops.verify import (  # noqa: E402
+from eventbus.rebuild.verify import (  # noqa: E402
     Report,
     StoreLookups,
     Verifier,

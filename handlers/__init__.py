@@ -38,7 +38,7 @@ def create_router(settings: AppSettings | None = None,
 
     Partner calls go through ``session`` (default a new one) with every adapter
     wrapped to write one ``REQUEST_OUTBOUND`` line per call; the library's
-    client takes it over (``eventbus.deadline.Client``), so the call's total
+    client takes it over (``eventbus.http.deadline.Client``), so the call's total
     deadline and answer cap hold whatever adapters it has, or it is refused
     here. Async partner calls go through ``async_http`` (default a logging
     ``httpx.AsyncClient``), under the same rules.

@@ -23,7 +23,7 @@ async guard and breaker), so a worker or an instance has as many partner
 calls in flight as ``EVENTBUS_ASYNC_CONCURRENCY`` allows, not one per thread.
 
 The notifier owns its HTTP clients, the library's, built once: the sync one
-on the app's session when the routes are built (``eventbus.deadline.Client``:
+on the app's session when the routes are built (``eventbus.http.deadline.Client``:
 a session that cannot honour the call's deadline is refused then, at
 start-up), the async one (``async_client``, for async handlers) on the app's
 ``httpx.AsyncClient`` when given (checked at start-up too), else on a
@@ -39,9 +39,10 @@ import httpx
 import requests
 from pymongo.errors import DuplicateKeyError
 
-from eventbus import Context, PermanentError, Router, deadline
+from eventbus import Context, PermanentError, Router
 from eventbus.correlation.async_session import logging_client
-from eventbus.deadline_async import AsyncClient
+from eventbus.http import deadline
+from eventbus.http.deadline_async import AsyncClient
 from handlers.common import CONTENT_ERRORS, require
 from handlers.partners import AsyncPartnerClient, PartnerClient, partner_url
 from handlers.settings import PartnerSettings
@@ -62,7 +63,7 @@ class PartnerNotifier:
     def __init__(self, settings: PartnerSettings, session: requests.Session | None = None,
                  async_http: httpx.AsyncClient | None = None) -> None:
         """Build the clients now: ``session`` or ``async_http`` that cannot be bounded by the
-        call's deadline raise ``eventbus.deadline.UnboundedSession`` here, at start-up."""
+        call's deadline raise ``eventbus.http.deadline.UnboundedSession`` here, at start-up."""
         self.settings = settings
         self.http = deadline.Client(session)
         self._async_http = AsyncClient(async_http) if async_http is not None else None

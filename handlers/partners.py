@@ -6,7 +6,7 @@ Effects": key check, lease, call, key set), with the key in an
 ``Idempotency-Key`` header so a partner that deduplicates can do so too.
 
 The partner's answer is classified by its status and recorded on the guard
-record. Its body is read with ``eventbus.deadline``'s cap (1 MiB): a longer
+record. Its body is read with ``eventbus.http.deadline``'s cap (1 MiB): a longer
 body is cut there, and the answer is still classified by its status (which
 came whole), as it was when such a body was read to the end. An answer that
 is not HTTP as it should be (a hostile ``Content-Length``, conflicting ones)
@@ -16,18 +16,18 @@ is a failed call like a dropped connection:
 * 408, 429, 5xx, other non-4xx answers, network errors, malformed answers
   and timeouts → ``PartnerUnavailable`` (transient): the event is retried;
   ``timeout`` is the whole call's deadline (connect, send and every read of
-  the answer, ``eventbus.deadline``), so a partner that trickles its answer
+  the answer, ``eventbus.http.deadline``), so a partner that trickles its answer
   (over a kept-alive or a closing connection alike) cannot hold the request
   thread, or the event's lease, past it;
 * any other 4xx, or a request that can never be sent (its URL) →
   ``PartnerRejected`` (permanent): stored FAILED for good.
 
-**The HTTP client is the library's** (``eventbus.deadline.Client``): the
+**The HTTP client is the library's** (``eventbus.http.deadline.Client``): the
 session the app gives (``handlers.create_router``'s, wrapped for logging) is
 taken over when the client is built, its adapters made to honour the
 deadline and the cap, or refused at start-up (``UnboundedSession``) when they
 cannot. ``AsyncPartnerClient`` is the same call for async code, on httpx
-(``eventbus.deadline_async``): the same request, deadline, cap and
+(``eventbus.http.deadline_async``): the same request, deadline, cap and
 classification.
 
 **The ``Idempotency-Key`` header** (``idempotency_header``) is the event key
@@ -65,9 +65,10 @@ from urllib.parse import quote
 import httpx
 import requests
 
-from eventbus import PermanentError, TransientError, deadline
-from eventbus.deadline_async import AsyncClient
+from eventbus import PermanentError, TransientError
 from eventbus.guard import Guard
+from eventbus.http import deadline
+from eventbus.http.deadline_async import AsyncClient
 from eventbus.partners import Partner
 
 RETRYABLE_4XX = frozenset({408, 429})

@@ -2,7 +2,7 @@
 
 ``SCHEMA`` is Pub/Sub's documented Avro schema for output format Avro with "write
 metadata" on (docs "Create Cloud Storage subscriptions"), copied here on its own so
-that a mistake in ``eventbus.ops.archive.layout`` cannot hide behind a shared constant.
+that a mistake in ``eventbus.rebuild.archive.layout`` cannot hide behind a shared constant.
 ``record`` builds one record (the ordering key goes into the attributes map, as the
 subscription puts it), ``write_archive`` writes records to a file with fastavro,
 and ``disguised`` writes values the layout's own writer refuses to write (bytes that

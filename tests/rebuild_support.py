@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eventbus.model.replaying import Replay
+from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
-from eventbus.ops.rebuilder import ArchiveSource, Rebuild, Selection, StoredSource, new_run
-from eventbus.processor.replay_mode import ReplayProcessor
+from eventbus.rebuild.mode import ReplayProcessor
+from eventbus.rebuild.runner import ArchiveSource, Rebuild, Selection, StoredSource, new_run
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.store.operator_queries import EventQuery

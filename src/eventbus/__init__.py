@@ -21,41 +21,49 @@ Publish from another service (needs only google-cloud-pubsub)::
 
 Test handlers without any server: ``eventbus.testing.LocalBus``.
 
-The layers, each a package that says what it may import:
+The core, each a package that says what it may import:
 
 * ``eventbus.model``     the message model and rules: event, keys, errors, status,
                          router, context, public contracts and forwards (pure, no I/O);
 * ``eventbus.settings``  the frozen ``Settings``, read once from the environment;
-* ``eventbus.store``     storage, the only layer that talks to the collections:
-                         protocol, documents, MongoDB, in-memory;
+* ``eventbus.clock``     time in one place: the store's clock, lease arithmetic, waits;
+* ``eventbus.store``     storage of the event collection, the only layer that talks to
+                         it: protocol, documents, MongoDB, in-memory;
 * ``eventbus.processor`` the state machine as stages over a batch (push: a batch of
                          one): locate, claim, handle, finish, relay; middleware around them;
-* ``eventbus.assembly``  a service's parts from its settings (store, telemetry, relay,
-                         processor), for ``create_app`` and ``create_worker`` alike;
+* ``eventbus.guard``     the side-effect guard (check, lease, call, done);
 * ``eventbus.correlation`` trace context and request ids on every log line and
                          outbound call (the standard library only);
+* ``eventbus.http``      outbound HTTP calls that end within a total deadline, their
+                         answers capped (requests; httpx for async code);
 * ``eventbus.telemetry`` spans and metrics on OpenTelemetry's SDK (off: no-ops);
 * ``eventbus.outbox``    children: the relay and its sweeper;
-* ``eventbus.clock``     time in one place: the store's clock, lease arithmetic, waits;
-* ``eventbus.guard``     the side-effect guard (check, lease, call, done);
-* ``eventbus.partners``  partners: a breaker and a shared rate each (``context.partner``),
-                         kept in the store, and a bulkhead; its refusals park events;
-* ``eventbus.bulkhead``  a cap on one partner's calls in flight in a process, for
-                         threads and coroutines alike (the standard library only);
-* ``eventbus.slow_calls`` a process's window of a partner's latest calls: when slow
-                         calls open its breaker (the standard library only);
-* ``eventbus.deadline``  outbound HTTP calls that end within a total deadline, their
-                         answers capped, on a client the library owns (requests);
-* ``eventbus.deadline_async`` the same for async code, on httpx;
 * ``eventbus.pubsub``    Google's edges: envelope, push auth, message, publisher;
+* ``eventbus.contracts`` public contracts as files: schemas, the compatibility check.
+
+The features, each one folder with its own store primitives, command and views:
+
+* ``eventbus.partners``  partners: a breaker, a shared rate, a bulkhead and a slow-call
+                         window each (``context.partner``); its refusals park events;
+* ``eventbus.rebuild``   handlers run again over stored events (``eventbus rebuild``),
+                         ``verify`` (a sandboxed dry run) and the ``archive`` reader.
+
+The edges, which put the core and the features together:
+
+* ``eventbus.assembly``  a service's parts from its settings (store, telemetry, relay,
+                         processor), for ``create_app`` and ``create_worker`` alike;
 * ``eventbus.web``       Flask: ``create_app``, the functions target, the status table;
                          ``asgi_app``: the same service as an ASGI app (Starlette);
-* ``eventbus.contracts`` public contracts as files: schemas, the compatibility check;
 * ``eventbus.workers``   the pull worker, the relay and redrive sweepers' loops,
                          the dead-letter drain;
 * ``eventbus.ops``       the operator's read and repair tools, the ``eventbus``
                          console script;
 * ``eventbus.testing``   ``LocalBus``, a fake clock, a capturing publisher.
+
+Moved, importable from the old path for one release with a ``DeprecationWarning``
+(``eventbus._moved``): ``eventbus.bulkhead`` and ``eventbus.slow_calls`` (now in
+``eventbus.partners``), ``eventbus.deadline`` and ``eventbus.deadline_async`` (now in
+``eventbus.http``).
 
 ``create_app`` (Flask) and ``create_worker`` are imported on first use, so
 ``from eventbus import publish`` works where neither Flask nor pymongo is installed.

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from eventbus.model.errors import Classifier
 from eventbus.model.router import Router
 from eventbus.outbox.relay import Relay
+from eventbus.partners import gauges
 from eventbus.processor import AfterSuccess, Clock, Middleware, Processor
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
@@ -97,5 +98,5 @@ def assemble(router: Router, settings: Settings, store: EventStore | None = None
                           middleware=[*telemetry.middleware(), *middleware],
                           concurrency=concurrency)
     telemetry.watch_outbox(store)
-    telemetry.watch_partners(store)
+    telemetry.observe(gauges.watching(store))
     return Parts(store, processor, telemetry)

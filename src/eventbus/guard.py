@@ -258,7 +258,7 @@ class Guard:
 
 
 class ReplayGuard(Guard):
-    """The guard of replay mode (``eventbus.model.replaying``): a guarded effect is never run again.
+    """The guard of replay mode (``eventbus.model.rebuild_policy``): an effect never runs again.
 
     A key that succeeded returns the result stored the first time (one read,
     ``guard_get``); a key that never succeeded raises ``ReplayRefused``, unless

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from eventbus.partners import documents as partner_documents
 from eventbus.store import documents
 from eventbus.store.base import Claim, EventStore, Finish, Finished
-from eventbus.store.documents import partner_documents
 from tests.contract.conftest import (
     ERROR,
     FIELDS,

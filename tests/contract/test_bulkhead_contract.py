@@ -1,6 +1,6 @@
 """Bulkheads on both stores: a cap per partner per process, parked over it, never a 503.
 
-The cap is held in this process (``eventbus.bulkhead``), but what an event
+The cap is held in this process (``eventbus.partners.bulkhead``), but what an event
 over it becomes is stored: FAILED-retryable, parked with the partner named,
 ``redrive_at`` on the store's clock, brought back by the store-driven
 redrive. So each test runs against the in-memory store and the real server.
@@ -25,11 +25,11 @@ from eventbus.model.errors import BulkheadFull
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.partners import Partners
+from eventbus.partners import documents as partner_documents
 from eventbus.processor import Processor
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import EventStore
-from eventbus.store.documents import partner_documents
 from eventbus.testing import CapturingPublisher
 from eventbus.workers.redrive import Redriver
 from tests.closing import closed_after_test

@@ -30,10 +30,10 @@ import pytest
 from eventbus.clock import Shift, bson_time
 from eventbus.model.errors import BreakerOpen, PermanentError, RateLimited, TransientError
 from eventbus.partners import CLOSED, HALF_OPEN, OPEN, Partners
+from eventbus.partners import documents as partner_documents
+from eventbus.partners.documents import RateLimit, RateTake, rate_step
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore, Finish, Finished
-from eventbus.store.documents import partner_documents
-from eventbus.store.documents.partner_documents import RateLimit, RateTake, rate_step
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from tests.contract.conftest import StoreClock, mongo_settings

@@ -4,7 +4,7 @@ A call's length is this process's monotonic clock, injected: ``Ticker``,
 which the fake partner moves by the seconds it "takes". The breaker's times
 are the store's clock (the memory store's ``FakeClock``, the server's moved
 by a ``Shift``), moved by hand. The window of recent calls is each process's
-(``eventbus.slow_calls``); the opening, its reason and the slow-call count
+(``eventbus.partners.slow_calls``); the opening, its reason and the slow-call count
 are shared through the stored breaker, so a second instance sees them.
 """
 

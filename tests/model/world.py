@@ -62,10 +62,10 @@ from eventbus.model.router import Router
 from eventbus.ops.replay import Replayer
 from eventbus.outbox.relay import Relay
 from eventbus.partners import partner_name
+from eventbus.partners.documents import is_parked
 from eventbus.processor import Heartbeat, Processor, Result
 from eventbus.settings import Settings
 from eventbus.store.base import BatchClaim, Claim, EntityHolds, EventStore, Finish, Finished
-from eventbus.store.documents.partner_documents import is_parked
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from eventbus.workers.redrive import Redriver

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from eventbus.ops.rebuilder import QUIET, run_views
+from eventbus.rebuild.runner import QUIET, run_views
 from eventbus.store.memory import MemoryEventStore
 from tests.ops.conftest import Bus
 from tests.ops.test_console import get, signed_in

@@ -29,11 +29,13 @@ from eventbus import Context, Router
 from eventbus.clock import Shift, bson_time
 from eventbus.model.delivery import Delivery
 from eventbus.ops import cli
-from eventbus.ops.commands import console, public, rebuilding, verify
+from eventbus.ops.commands import console, public
 from eventbus.ops.commands.common import APP_FORMS, UsageError, locator
 from eventbus.partners import BreakerState
 from eventbus.processor import Intake, Processor
 from eventbus.pubsub.message import build_event, build_message
+from eventbus.rebuild import command as rebuilding
+from eventbus.rebuild.verify import command as verify
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.store.mongo import MongoEventStore

@@ -21,16 +21,16 @@ import pytest
 
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
-from eventbus.model.replaying import Replay
+from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
-from eventbus.ops.rebuilder import (
+from eventbus.rebuild.mode import ReplayProcessor
+from eventbus.rebuild.runner import (
     Rebuild,
     Report,
     Selection,
     StoredSource,
     new_run,
 )
-from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.store.operator_queries import EventQuery
@@ -571,7 +571,7 @@ def _recorded(router: Router, database: Any = None) -> tuple[LocalBus, list[Any]
 
 def test_verify_never_writes_to_the_handlers_real_database(mongo_db: Any) -> None:
     pytest.importorskip("mongomock")
-    from eventbus.ops.verify import StoreLookups, Verifier
+    from eventbus.rebuild.verify import StoreLookups, Verifier
 
     app = _verify_app(lambda context: 1, writes=True)
     bus, records = _recorded(app, database=mongo_db)
@@ -584,7 +584,7 @@ def test_verify_never_writes_to_the_handlers_real_database(mongo_db: Any) -> Non
 
 def test_verify_flags_a_handler_that_reads_the_wall_clock() -> None:
     """A child stamped with the wall clock differs every run: verify must not pass it."""
-    from eventbus.ops.verify import StoreLookups, Verifier
+    from eventbus.rebuild.verify import StoreLookups, Verifier
 
     ticks = iter(range(1000))
     app = _verify_app(lambda context: next(ticks))  # stands in for datetime.now()
@@ -595,7 +595,7 @@ def test_verify_flags_a_handler_that_reads_the_wall_clock() -> None:
 
 
 def test_verify_after_a_rebuild_passes_an_unchanged_app_that_uses_context_now() -> None:
-    from eventbus.ops.verify import StoreLookups, Verifier
+    from eventbus.rebuild.verify import StoreLookups, Verifier
 
     app = _verify_app(lambda context: context.now().isoformat())
     bus, records = _recorded(app)

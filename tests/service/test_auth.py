@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventbus import create_app, push_target
-from eventbus.deadline import DeadlineExceeded
+from eventbus.http.deadline import DeadlineExceeded
 from eventbus.model.errors import Forbidden, Unauthenticated
 from eventbus.model.router import Router
 from eventbus.pubsub.push_auth import Authenticator, CertificateCache, fetch_certs

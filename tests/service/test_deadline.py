@@ -1,4 +1,4 @@
-"""``eventbus.deadline`` against real local servers that misbehave on purpose.
+"""``eventbus.http.deadline`` against real local servers that misbehave on purpose.
 
 Each hostile behaviour (``tests.hostile_server``) would hold a call for 12 s
 or more (60 bytes, one every 0.2 s); the call has a 0.5 s deadline and must end
@@ -21,8 +21,8 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventbus import deadline
-from eventbus.deadline import AnswerTooLarge, DeadlineExceeded
+from eventbus.http import deadline
+from eventbus.http.deadline import AnswerTooLarge, DeadlineExceeded
 from tests import hostile_server as hostile
 from tests.hypothesis_profiles import examples
 from tests.telemetry.support import captured_lines

@@ -1,4 +1,4 @@
-"""``eventbus.deadline_async`` against the same misbehaving local servers as the sync client.
+"""``eventbus.http.deadline_async`` against the same misbehaving local servers as the sync client.
 
 Each hostile behaviour (``tests.hostile_server``) would hold a call 12 s or more;
 the call has a 0.5 s deadline and must end well under 2 s with ``DeadlineExceeded``
@@ -20,8 +20,13 @@ import requests
 from hypothesis import HealthCheck, given, settings
 
 from eventbus.correlation.async_session import LoggingTransport, logging_client
-from eventbus.deadline import MAX_ANSWER_BYTES, AnswerTooLarge, DeadlineExceeded, UnboundedSession
-from eventbus.deadline_async import Answer, AsyncClient
+from eventbus.http.deadline import (
+    MAX_ANSWER_BYTES,
+    AnswerTooLarge,
+    DeadlineExceeded,
+    UnboundedSession,
+)
+from eventbus.http.deadline_async import Answer, AsyncClient
 from tests import aio
 from tests import hostile_server as hostile
 from tests.hypothesis_profiles import examples

@@ -23,9 +23,9 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 
-from eventbus.deadline import UnboundedSession
-from eventbus.deadline_async import AsyncClient
 from eventbus.guard import Guard
+from eventbus.http.deadline import UnboundedSession
+from eventbus.http.deadline_async import AsyncClient
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.outbox.relay import Relay
 from eventbus.partners import Partners

@@ -14,10 +14,10 @@ import pytest
 
 from eventbus.model.context import Context
 from eventbus.model.errors import ReplayRefused
-from eventbus.model.replaying import Replay
+from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
-from eventbus.ops.rebuilder import Rebuild, Selection, StoredSource, new_run, run_order
-from eventbus.processor.replay_mode import ReplayProcessor
+from eventbus.rebuild.mode import ReplayProcessor
+from eventbus.rebuild.runner import Rebuild, Selection, StoredSource, new_run, run_order
 from eventbus.settings import Settings
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus

@@ -12,11 +12,17 @@ from typing import Any
 
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
-from eventbus.model.replaying import Replay
+from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
-from eventbus.ops.archive import FORM, ArchivedMessage, ArchiveProblem, read_archive, to_delivery
-from eventbus.ops.rebuilder import ArchiveSource, Rebuild, Report, Selection, new_run
-from eventbus.processor.replay_mode import ARCHIVE_FORM, ReplayProcessor
+from eventbus.rebuild.archive import (
+    FORM,
+    ArchivedMessage,
+    ArchiveProblem,
+    read_archive,
+    to_delivery,
+)
+from eventbus.rebuild.mode import ARCHIVE_FORM, ReplayProcessor
+from eventbus.rebuild.runner import ArchiveSource, Rebuild, Report, Selection, new_run
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus
 from tests.archive_files import avro_bytes, event_message, record, write_archive

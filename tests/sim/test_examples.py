@@ -60,21 +60,21 @@ MAIN_ONLY: list[tuple[int, str]] = [
     # new selection (tests/sim/world.py, ``rebuilder``).
     *((seed, "ResumeLeft") for seed in (1084, 1233, 1374, 1417, 1565, 1736, 1767, 1976)),
     # A real fault: the applied event's re-run failed for now after its lane re-ran an older
-    # event, and was audited failed (src/eventbus/processor/replay_mode.py, ``_undecided``).
+    # event, and was audited failed (src/eventbus/rebuild/mode.py, ``_undecided``).
     (1595, "OrderBroken"),
     # Reached once the rival came (its run changed): shutdown's cancellation lands after the
     # async partner call's effect returned, on the partner wrapper's own await (its
     # bookkeeping in a thread), so the guard stores a FAILED CancelledError and releases the
     # key; the redelivery calls the partner again. A real fault: the bookkeeping after an
     # answer is shielded and the cancellation comes at the caller's next await, and the
-    # guard's SUCCESS write is shielded (src/eventbus/partners.py ``_settled``,
+    # guard's SUCCESS write is shielded (src/eventbus/partners/call.py ``_settled``,
     # src/eventbus/guard.py ``run_async``).
     (271, "DuplicateEffect"),
     # Found by the CI budget at fd934b7: a resumed rebuild ended without two keys its first
     # run never ran. A real fault of --resume: planned again, the query also matched an
     # event that finished since, whose entity's group then started before the checkpoint's
     # last key, so the group's keys were passed. The first run's plan is stored now and the
-    # resume runs it (src/eventbus/ops/rebuilder.py ``Rebuild._plan``; the explicit case in
+    # resume runs it (src/eventbus/rebuild/runner.py ``Rebuild._plan``; the explicit case in
     # tests/unit/test_rebuild_faults.py).
     (80, "ResumeLeft"),
 ]

@@ -54,17 +54,17 @@ from eventbus.model.event import parse_event
 from eventbus.model.keys import record_key
 from eventbus.model.order import entity_key
 from eventbus.model.outcome import Outcome
-from eventbus.model.replaying import Replay
+from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
-from eventbus.ops.partner_ops import steer
-from eventbus.ops.rebuilder import AGAIN, Rebuild, Report, Selection, StoredSource, new_run
 from eventbus.ops.replay import Replayer
 from eventbus.outbox.relay import Relay
+from eventbus.partners.documents import is_parked
+from eventbus.partners.view import steer
 from eventbus.processor import Heartbeat, Processor, Result
-from eventbus.processor.replay_mode import ReplayProcessor
+from eventbus.rebuild.mode import ReplayProcessor
+from eventbus.rebuild.runner import AGAIN, Rebuild, Report, Selection, StoredSource, new_run
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
-from eventbus.store.documents.partner_documents import is_parked
 from eventbus.store.memory import MemoryEventStore
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import FakeClock

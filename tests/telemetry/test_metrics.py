@@ -12,6 +12,7 @@ import pytest
 from eventbus import Context, PermanentError, Router, TransientError, create_app
 from eventbus.model.delivery import Delivery
 from eventbus.model.outcome import Outcome
+from eventbus.partners import gauges
 from eventbus.pubsub.message import build_event, build_message
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
@@ -180,7 +181,7 @@ def test_breakers_and_parked_events_are_gauges_per_partner() -> None:
     from eventbus.settings import Settings
 
     bus, rec, _ = metered_bus(tracing=False)
-    rec.telemetry.watch_partners(bus.store)
+    rec.telemetry.observe(gauges.watching(bus.store))
     group = Partners(bus.store, Settings(breaker_failures=2), now=bus.clock)
 
     def down() -> None:
@@ -208,6 +209,6 @@ def test_a_store_that_cannot_answer_reports_no_partner_gauges() -> None:
             raise OSError("down")
 
     _, rec, _ = metered_bus(tracing=False)
-    rec.telemetry.watch_partners(Down())
+    rec.telemetry.observe(gauges.watching(Down()))
     assert rec.points("eventbus.partner.breaker_state") == []
     assert rec.points("eventbus.partner.parked") == []

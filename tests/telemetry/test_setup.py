@@ -164,7 +164,7 @@ def test_an_unreachable_mongo_store_raises_store_unavailable() -> None:
 # --- import rules ------------------------------------------------------------------------
 
 OTEL_MODULES = {"eventbus/telemetry/otel.py", "eventbus/telemetry/providers.py",
-                "eventbus/telemetry/stages.py", "eventbus/telemetry/partner_gauges.py"}
+                "eventbus/telemetry/stages.py", "eventbus/partners/gauges.py"}
 
 
 def imported(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""The archive reader (``eventbus.ops.archive``) on files the tests write in the subscription's
+"""The archive reader (``eventbus.rebuild.archive``) on files the tests write in the subscription's
 Avro layout: read back exactly, turned into the delivery the processor takes, and hostile
 files and records each a clear problem that stops nothing else."""
 
@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from eventbus.model.delivery import Delivery
 from eventbus.model.router import Router
-from eventbus.ops.archive import (
+from eventbus.processor import Intake
+from eventbus.rebuild.archive import (
     SUBSCRIPTION_SCHEMA,
     ArchivedMessage,
     ArchiveError,
@@ -29,7 +30,6 @@ from eventbus.ops.archive import (
     read_file,
     to_delivery,
 )
-from eventbus.processor import Intake
 from eventbus.settings import PUBSUB_MAX_DATA_BYTES
 from eventbus.store.memory import MemoryEventStore
 from tests.archive_files import (

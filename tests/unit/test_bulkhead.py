@@ -1,4 +1,4 @@
-"""``eventbus.bulkhead``: one cap shared by threads and coroutines, a bounded wait, no lost slot."""
+"""``eventbus.partners.bulkhead``: one cap for threads and coroutines, bounded waits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from eventbus.bulkhead import Bulkhead, Full
+from eventbus.partners.bulkhead import Bulkhead, Full
 from tests import aio
 
 

@@ -1,8 +1,8 @@
-"""``eventbus.slow_calls.CallWindow``: ended calls and calls still running, as one window."""
+"""``eventbus.partners.slow_calls.CallWindow``: ended calls and calls still running, one window."""
 
 from __future__ import annotations
 
-from eventbus.slow_calls import CallWindow, Tally
+from eventbus.partners.slow_calls import CallWindow, Tally
 
 
 def test_running_calls_past_the_time_count_as_the_newest_slow_calls() -> None:

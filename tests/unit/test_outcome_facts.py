@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from eventbus.model.outcome import FACTS, Outcome
-from eventbus.ops.rebuilder import AGAIN
+from eventbus.rebuild.runner import AGAIN
 from eventbus.web import http_status
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from eventbus.store.documents.partner_documents import RateLimit, RateTake, rate_step
+from eventbus.partners.documents import RateLimit, RateTake, rate_step
 
 START = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 MS = dt.timedelta(milliseconds=1)

@@ -12,7 +12,7 @@ from eventbus.outbox.relay import Relay
 from eventbus.partners import Partners
 from eventbus.processor.heartbeat import Heartbeat
 from eventbus.processor.pipeline import Processor
-from eventbus.processor.replay_mode import ReplayProcessor, ReplayStore
+from eventbus.rebuild.mode import ReplayProcessor, ReplayStore
 from eventbus.store import base
 from eventbus.workers.redrive import Redriver
 

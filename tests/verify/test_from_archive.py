@@ -17,9 +17,9 @@ from pathlib import Path
 
 from eventbus import Context
 from eventbus.model.router import Router
-from eventbus.ops.archive import read_archive
-from eventbus.ops.verify import StoreLookups, Verifier
-from eventbus.ops.verify.from_archive import (
+from eventbus.rebuild.archive import read_archive
+from eventbus.rebuild.verify import StoreLookups, Verifier
+from eventbus.rebuild.verify.from_archive import (
     ArchiveLookups,
     ArchiveVerifier,
     index_archive,

@@ -19,7 +19,7 @@ import mongomock
 from pymongo.database import Database
 
 from eventbus.model.router import Router
-from eventbus.ops.verify import StoreLookups, Verifier, parse_sample
+from eventbus.rebuild.verify import StoreLookups, Verifier, parse_sample
 from eventbus.store.mongo import MongoEventStore
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import FakeClock, LocalBus

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from eventbus import Context, Router, contract
-from eventbus.ops.verify import Report, StoreLookups, Verifier
+from eventbus.rebuild.verify import Report, StoreLookups, Verifier
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus
 from tests.verify.recording import cli_run

@@ -10,7 +10,7 @@ at most, so a rebuild from further back needs a copy of its own. ``stack.build``
   deletes an object ``archiveDays`` days (default 365) after it was written;
 * the Cloud Storage subscription ``<topic>-archive`` on the bus topic: Avro with "write
   metadata" (subscription name, message id, publish time and attributes, the ordering key
-  among them, beside the data: the layout ``eventbus.ops.archive`` reads), not the topic's
+  among them, beside the data: the layout ``eventbus.rebuild.archive`` reads), not the topic's
   schema, a new file every ``archiveFileSeconds`` (default 300) under ``<topic>/`` with the
   date in its name, so name order is time order. Its ack deadline is that file time: Pub/Sub
   refuses a file duration longer than the ack deadline;

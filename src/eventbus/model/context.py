@@ -13,7 +13,7 @@ from eventbus.model.delivery import Delivery
 from eventbus.model.errors import InvalidEvent
 from eventbus.model.event import EntityMetadata, Event, event_from_document
 from eventbus.model.keys import canonical_json, child_key, fingerprint_text
-from eventbus.model.replaying import Replay
+from eventbus.model.rebuild_policy import Replay
 from eventbus.model.status import Status
 
 if TYPE_CHECKING:  # types only: the model never calls into the guard's layer
@@ -91,7 +91,7 @@ class Context:
     partners: Partners | None = None
     """The processor's partners (``eventbus.partners``); ``partner`` reads it."""
     replay: Replay | None = None
-    """Set when an operator's rebuild runs the handler again (``eventbus.model.replaying``):
+    """Set when an operator's rebuild runs the handler again (``eventbus.model.rebuild_policy``):
     who, why, when; None on a live delivery. A handler may branch on it."""
 
     def partner(self, name: str) -> Partner:

@@ -102,7 +102,7 @@ class AttemptCapReached(PermanentError):
 
 
 class ReplayRefused(PermanentError):
-    """Raised in replay mode for a call a rebuild may not make (``eventbus.model.replaying``).
+    """Raised in replay mode for a call a rebuild may not make (``eventbus.model.rebuild_policy``).
 
     A guarded call that never succeeded before, or a partner call outside the
     guard, without the operator's ``--allow-new-calls``: that event's rebuild

@@ -34,7 +34,7 @@ from eventbus.model.context import Context
 from eventbus.model.errors import DuplicateHandler, UnknownEventType, UnsupportedVersion
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.forward import Forward, Forwards, Path
-from eventbus.model.replaying import REPLAY_POLICIES, ReplayPolicy
+from eventbus.model.rebuild_policy import REPLAY_POLICIES, ReplayPolicy
 
 Handler = Callable[[Context], None] | Callable[[Context], Awaitable[None]]
 """A handler: a function of the context, or a coroutine function (``async def``)."""
@@ -58,7 +58,7 @@ class Route:
     never runs for an event older than one applied for its entity, nor beside another
     event of that entity."""
     replay: ReplayPolicy = "run"
-    """What a rebuild does with this route (``eventbus.model.replaying``): ``run`` it again
+    """What a rebuild does with this route (``eventbus.model.rebuild_policy``): ``run`` it again
     in replay mode (the default: a rebuild exists to re-run handlers, and the guard keeps
     their calls from repeating), or ``skip`` it (a pure notifier: never re-run)."""
 

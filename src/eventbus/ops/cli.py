@@ -12,7 +12,7 @@ tells each one's options:
 
 * ``failed``, ``history --partner ID``, ``show KEY``, ``stats``, ``retries``;
 * ``rebuild FILTERS|--keys FILE|--resume ID`` (replay mode over SUCCESS events,
-  ``eventbus.ops.rebuilder``);
+  ``eventbus.rebuild.runner``);
 * ``replay KEY...|--group ID|FILTERS``, ``dlq drain`` (the drain is a
   worker's, ``eventbus.workers.deadletter``);
 * ``console [--port N] [--read-only]``;
@@ -21,7 +21,7 @@ tells each one's options:
 * ``contracts write|check``, ``peek TOPIC``: public topics
   (``eventbus.ops.commands.public``);
 * ``partners``, ``partners open|close NAME --why ...``: partner breakers,
-  parked events and rates (``eventbus.ops.commands.partner_commands``).
+  parked events and rates (``eventbus.partners.command``).
 
 The commands of the bus itself:
 
@@ -54,23 +54,17 @@ from collections.abc import Sequence
 
 from eventbus.model.errors import EventBusError, PublishError
 from eventbus.ops import cascade
-from eventbus.ops.commands import (
-    console,
-    partner_commands,
-    public,
-    queries,
-    rebuilding,
-    repair,
-    sweepers,
-    verify,
-)
+from eventbus.ops.commands import console, public, queries, repair, sweepers
 from eventbus.ops.commands.common import Tools, UsageError, load_router, positive
 from eventbus.ops.config import OpsSettings, load_env_file
 from eventbus.ops.progress import status_table
 from eventbus.ops.render import safe
 from eventbus.ops.specs import InputError, load_specs, publish_all
 from eventbus.outbox.relay import Relay
+from eventbus.partners import command as partners_command
 from eventbus.pubsub.message import MessagePublisher
+from eventbus.rebuild import command as rebuild_command
+from eventbus.rebuild.verify import command as verify_command
 from eventbus.settings import Settings, SettingsError
 from eventbus.store.base import EventStore
 from eventbus.workers import command as worker
@@ -162,8 +156,8 @@ def parser() -> argparse.ArgumentParser:
     trace_ = commands.add_parser("trace", help="print the cascade of an event from its root")
     trace_.add_argument("key", help="the idempotency key of any event of the cascade")
     trace_.set_defaults(run=cmd_trace)
-    for module in (queries, repair, rebuilding, console, sweepers, public, partner_commands,
-                   verify):
+    for module in (queries, repair, rebuild_command, console, sweepers, public,
+                   partners_command, verify_command):
         module.add(commands)
     # The worker's router comes from the same loader as every other --app (its own
     # router_in then finds the Router as it is).

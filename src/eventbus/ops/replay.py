@@ -2,7 +2,7 @@
 
 One replay is three steps, in this order:
 
-1. **build** the message from the record (``eventbus.workers.rebuild``, as
+1. **build** the message from the record (``eventbus.workers.original``, as
    the redrive sweeper does): its stored event fields as the body and its
    stored attributes (``pubsub.attributes``: the original key, the cascade
    links) as the attributes, and check that the message lands on the
@@ -39,8 +39,8 @@ from eventbus.ops import correct
 from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.store.base import Record
+from eventbus.workers.original import Locator, Message, NotReplayable, build, ordering_key
 from eventbus.workers.rate import RateLimit
-from eventbus.workers.rebuild import Locator, Message, NotReplayable, build, ordering_key
 
 logger = logging.getLogger("eventbus.ops")
 

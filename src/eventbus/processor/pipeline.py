@@ -52,6 +52,7 @@ from eventbus.model.errors import (
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.partners import Partners
+from eventbus.partners import documents as partner_documents
 from eventbus.processor.handler_loop import HandlerLoop
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
@@ -69,7 +70,6 @@ from eventbus.store.base import (
     Finished,
     ProcessorStore,
 )
-from eventbus.store.documents import partner_documents
 
 logger = logging.getLogger("eventbus")
 
@@ -111,7 +111,7 @@ class Processor:
 
     moves_position = True
     """The entity's position moves with each ordered SUCCESS (a rebuild,
-    ``eventbus.processor.replay_mode``, re-runs old events in order and never moves it)."""
+    ``eventbus.rebuild.mode``, re-runs old events in order and never moves it)."""
 
     def __init__(self, store: ProcessorStore, router: Router, settings: Settings, now: Clock,
                  after_success: AfterSuccess | None = None,

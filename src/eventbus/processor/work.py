@@ -30,7 +30,7 @@ class Result:
     error: str = ""
     children: int = 0
     detail: dict[str, Any] | None = None
-    """What a rebuild did with the event (``eventbus.processor.replay_mode``); None when live."""
+    """What a rebuild did with the event (``eventbus.rebuild.mode``); None when live."""
 
 
 @dataclasses.dataclass

@@ -5,7 +5,7 @@
 * ``message``: the standard message, built and validated without any client;
 * ``publisher``: google-cloud-pubsub; ``publish()`` for other services.
 
-May import: ``eventbus.model``, ``eventbus.settings`` and ``eventbus.deadline``; Google's clients.
+May import: ``eventbus.model``, ``eventbus.settings``, ``eventbus.http``; Google's clients.
 Never Flask, pymongo, the store or the processor. Importing this package
 imports none of its modules, so a publisher needs only google-cloud-pubsub.
 """

@@ -28,7 +28,7 @@ from typing import Any
 from google.auth import exceptions as google_exceptions
 from google.auth import jwt
 
-from eventbus import deadline
+from eventbus.http import deadline
 from eventbus.model.errors import Forbidden, Unauthenticated
 from eventbus.settings import SettingsError
 

@@ -28,10 +28,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from eventbus.model.errors import AlreadyExists, ContentRejected
-from eventbus.store.documents.partner_documents import RateLimit, RateTake
+
+if TYPE_CHECKING:  # the partners' documents, named by PartnerStore's signatures only
+    from eventbus.partners.documents import RateLimit, RateTake
 
 Record = dict[str, Any]
 """A stored document, as the seed schema names its fields."""

@@ -23,13 +23,13 @@ from typing import Any
 
 from eventbus.clock import Now, lease_end, utcnow
 from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
+from eventbus.partners import documents as partner_documents
+from eventbus.partners.memory import MemoryPartnersMixin
+from eventbus.rebuild.memory import MemoryRebuildMixin
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
-from eventbus.store.documents import partner_documents
 from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
-from eventbus.store.memory_partners import MemoryPartnersMixin
-from eventbus.store.memory_rebuild import MemoryRebuildMixin
 
 
 def _keep_rejection(record: Record) -> None:

@@ -33,14 +33,14 @@ from eventbus.model.errors import (
     Conflict,
     LeaseHeld,
 )
+from eventbus.partners.mongo import MongoPartnersMixin
+from eventbus.rebuild.mongo import MongoRebuildMixin
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
 from eventbus.store.mongo_batch import MongoBatchMixin
 from eventbus.store.mongo_errors import unavailable as _unavailable
 from eventbus.store.mongo_ops import MongoOperatorMixin
-from eventbus.store.mongo_partners import MongoPartnersMixin
-from eventbus.store.mongo_rebuild import MongoRebuildMixin
 from eventbus.store.roundtrips import RoundTrips
 
 

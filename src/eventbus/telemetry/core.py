@@ -54,8 +54,12 @@ class Telemetry:
     def watch_outbox(self, store: Any) -> None:
         """Report the age of the oldest pending outbox entry of ``store`` (a gauge)."""
 
-    def watch_partners(self, store: Any) -> None:
-        """Report each partner's breaker state, time open and parked events (gauges)."""
+    def observe(self, gauges: Callable[[Any, Callable[[], dt.datetime]], None]) -> None:
+        """Create a feature's gauges (a partner's breaker, ...) on this telemetry's meter.
+
+        ``gauges(meter, now)`` is called once, with the meter and this telemetry's
+        clock, when metrics are on; never without a meter.
+        """
 
     def metrics_page(self) -> tuple[bytes, str] | None:
         """Return the Prometheus text page and its content type; None without one."""

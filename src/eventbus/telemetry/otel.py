@@ -20,7 +20,7 @@ Metrics (when a meter provider is given), SDK instruments on this instance's met
 * ``eventbus.event.end_to_end`` (s): ``publishTime`` to the final outcome;
 * ``eventbus.event.attempts``; ``eventbus.outbox.oldest_pending_age`` (s, a gauge);
 * per partner, from the store: ``eventbus.partner.breaker_state``, ``.open_for``
-  (s) and ``.parked`` (``eventbus.telemetry.partner_gauges``).
+  (s) and ``.parked`` (``eventbus.partners.gauges``).
 
 ``eventbus.event_type`` comes only from routed events (the claim's), so a
 flood of made-up types cannot grow the series; other deliveries count as
@@ -34,7 +34,8 @@ import collections
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -207,13 +208,10 @@ class OtelTelemetry(Telemetry):
         return [Measurement(0.0 if oldest is None else
                             max((self.now() - oldest).total_seconds(), 0.0))]
 
-    def watch_partners(self, store: Any) -> None:
-        """Observe each partner's breaker and parked events in ``store`` (``partner_gauges``)."""
-        if self.meter is None or not hasattr(store, "breakers"):
-            return
-        from eventbus.telemetry.partner_gauges import partner_gauges
-
-        partner_gauges(self.meter, store, self.now)
+    def observe(self, gauges: Callable[[Any, Callable[[], datetime]], None]) -> None:
+        """Create a feature's gauges on this meter (``eventbus.partners.gauges.watching``)."""
+        if self.meter is not None:
+            gauges(self.meter, self.now)
 
     def metrics_page(self) -> tuple[bytes, str] | None:
         """Return the Prometheus text page of this instance's metrics, when so configured."""

@@ -11,11 +11,11 @@ is counted and the next one backs off (doubling, capped); after
 ``EVENTBUS_REDRIVE_MAX`` redrives the event is given up for good, and the
 attempt cap applies as always. Republishing is at least once: the claim
 deduplicates a message that comes twice. Parked events come back as their
-partner's breaker lets them (``eventbus.workers.parked``): all of a closed
+partner's breaker lets them (``eventbus.partners.parked``): all of a closed
 one's, one probe of an open one's whose time has come, none otherwise.
 
 The message is rebuilt from the record as a replay rebuilds it
-(``eventbus.workers.rebuild``); ``eventbus redrive`` runs the sweeps
+(``eventbus.workers.original``); ``eventbus redrive`` runs the sweeps
 (``eventbus.workers.sweeper``).
 """
 
@@ -30,13 +30,13 @@ from typing import Any
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import PublishError
 from eventbus.model.status import Status
+from eventbus.partners.documents import parks
+from eventbus.partners.parked import Gate
 from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
 from eventbus.store.base import RedriveStore
-from eventbus.store.documents.partner_documents import parks
-from eventbus.workers.parked import Gate
-from eventbus.workers.rebuild import NotReplayable, build
+from eventbus.workers.original import NotReplayable, build
 
 logger = logging.getLogger("eventbus.redrive")
 

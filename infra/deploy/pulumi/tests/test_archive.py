@@ -72,7 +72,7 @@ def test_the_runtime_may_read_the_files_and_nothing_else_of_the_archive() -> Non
 
 def test_the_files_are_the_layout_the_reader_reads() -> None:
     config = inputs(recorded(ARCHIVE), "archive-subscription")["cloudStorageConfig"]
-    # eventbus.ops.archive reads Avro records with metadata (PubsubMessageWithMetadata);
+    # eventbus.rebuild.archive reads Avro records with metadata (PubsubMessageWithMetadata);
     # the topic's schema or text files would be another layout.
     assert config["avroConfig"] == {"writeMetadata": True, "useTopicSchema": False}
     assert "textConfig" not in config

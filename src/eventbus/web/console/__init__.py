@@ -15,7 +15,7 @@ from the package; every stored value goes through Jinja's autoescaping.
 
 The console is the web face of ``eventbus.ops``: it is the one part of the
 web layer that imports the operator logic it shares with the commands
-(``eventbus.ops.reports``, ``replay``, ``partner_ops``); ``eventbus.ops`` imports this
+(``eventbus.ops.reports``, ``replay``, ``eventbus.partners.view``); ``eventbus.ops`` imports this
 package only when ``eventbus console`` runs.
 """
 

@@ -12,11 +12,12 @@ import flask
 
 from eventbus.model.errors import Forbidden, InvalidEvent, PublishError, Unauthenticated
 from eventbus.model.event import json_object
-from eventbus.ops import correct, partner_ops
+from eventbus.ops import correct
 from eventbus.ops import reports as ops
-from eventbus.ops.rebuilder import run_views
 from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
+from eventbus.partners import view as partner_view
+from eventbus.rebuild.runner import run_views
 from eventbus.web.console import Console, charts
 from eventbus.web.console.access import (
     COOKIE,
@@ -183,7 +184,7 @@ def partners() -> str:
     (``eventbus partners``)."""
     app = console()
     return flask.render_template("partners.html", local=app.partners is not None,
-                                 partners=partner_ops.views(app.store, app.settings, app.now(),
+                                 partners=partner_view.views(app.store, app.settings, app.now(),
                                                             app.partners))
 
 
@@ -207,10 +208,10 @@ def steer_partner() -> Any:
     if action not in ("open", "close") or not why or not form.get("name"):
         return _refused(400, "say which partner, open or close, and why")
     try:
-        partner_ops.steer(console().store, form["name"], hold_open=action == "open", why=why,
+        partner_view.steer(console().store, form["name"], hold_open=action == "open", why=why,
                           by=str(flask.g.operator), now=console().now(),
                           settings=console().settings)
-    except partner_ops.SteerError as exc:
+    except partner_view.SteerError as exc:
         return _refused(409, str(exc))
     return flask.redirect(flask.url_for("console.partners"), code=303)
 

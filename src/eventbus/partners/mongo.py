@@ -1,7 +1,7 @@
 """Breakers and token buckets on MongoDB: a mixin that ``MongoEventStore`` inherits.
 
 One collection (``Settings.partner_collection``) holds both kinds of
-document (``eventbus.store.documents.partner_documents``). Every write is one
+document (``eventbus.partners.documents``). Every write is one
 single-document operation: a breaker moves by compare-and-swap on its
 ``version``, a partner's token bucket by one upserted update pipeline decided
 on the server's clock (``$$NOW``).
@@ -17,10 +17,8 @@ from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
-from eventbus.clock import Shift, store_now
-from eventbus.store.base import Record
-from eventbus.store.documents import bson_time
-from eventbus.store.documents.partner_documents import (
+from eventbus.clock import Shift, bson_time, store_now
+from eventbus.partners.documents import (
     BREAKER,
     RateLimit,
     RateTake,
@@ -31,6 +29,7 @@ from eventbus.store.documents.partner_documents import (
     rate_pipeline,
     rate_result,
 )
+from eventbus.store.base import Record
 from eventbus.store.mongo_errors import unavailable as _unavailable
 
 PARTNER_INDEXES = (IndexModel([("expire_at", ASCENDING)], name="expire_at_1",

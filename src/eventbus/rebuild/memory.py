@@ -1,7 +1,7 @@
 """The rebuild primitives in memory (``RebuildStore``): a mixin ``MemoryEventStore`` inherits.
 
-The same rules as ``mongo_rebuild`` through their Python mirrors
-(``eventbus.store.documents.rebuilds``), under the store's one lock.
+The same rules as ``eventbus.rebuild.mongo`` through their Python mirrors
+(``eventbus.rebuild.documents``), under the store's one lock.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from eventbus.rebuild import documents as rebuilds
 from eventbus.store.base import BatchClaim, Claim, Finish, Finished, Record
-from eventbus.store.documents import rebuilds
 
 
 class MemoryRebuildMixin:

@@ -1,6 +1,6 @@
 """Verify archived events: what was recorded is the stored record, else the archive itself.
 
-``eventbus verify --from-archive PATH`` reads an archive (``eventbus.ops.archive``)
+``eventbus verify --from-archive PATH`` reads an archive (``eventbus.rebuild.archive``)
 once into an ``ArchiveIndex``: every event it holds under the key the receiver
 gives it, and every child grouped under its parent. A child carries its
 cascade link in its attributes (the relay publishes it with ``idempotency_key``
@@ -51,16 +51,16 @@ from eventbus.model.keys import (
     record_key,
 )
 from eventbus.model.status import Status
-from eventbus.ops.archive import (
+from eventbus.rebuild.archive import (
     ArchivedMessage,
     ArchiveProblem,
     archived_event,
     selected,
     to_delivery,
 )
-from eventbus.ops.archive.archived import problem
-from eventbus.ops.verify.runner import Verdict, Verifier
-from eventbus.ops.verify.sandbox import Lookups
+from eventbus.rebuild.archive.archived import problem
+from eventbus.rebuild.verify.runner import Verdict, Verifier
+from eventbus.rebuild.verify.sandbox import Lookups
 from eventbus.store.documents import event_fields
 from eventbus.store.operator_queries import EventQuery
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from pymongo import DESCENDING, UpdateOne
 
 from eventbus.clock import Shift, lease_end
+from eventbus.rebuild import documents as rebuilds
 from eventbus.store.base import BatchClaim, Claim, Finish, Finished, Record
-from eventbus.store.documents import bson_time, rebuilds
+from eventbus.store.documents import bson_time
 from eventbus.store.mongo_errors import unavailable
 
 

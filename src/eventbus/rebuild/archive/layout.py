@@ -37,8 +37,8 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 from eventbus.model.content import error_text
-from eventbus.ops.archive.archived import ArchivedMessage, ArchiveError, ArchiveProblem, problem
 from eventbus.pubsub.message import MAX_ATTRIBUTES
+from eventbus.rebuild.archive.archived import ArchivedMessage, ArchiveError, ArchiveProblem, problem
 from eventbus.settings import PUBSUB_MAX_DATA_BYTES
 
 SUBSCRIPTION_SCHEMA: dict[str, Any] = {

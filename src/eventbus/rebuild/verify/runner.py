@@ -6,7 +6,7 @@ an archive's):
 1. a record that is not SUCCESS, or is SUCCESS as stale (its handler never
    ran), recorded nothing to compare: **skipped**;
 2. its message is rebuilt as the redrive rebuilds it
-   (``eventbus.workers.rebuild.build``: stored body, attributes, ordering
+   (``eventbus.workers.original.build``: stored body, attributes, ordering
    key) and must land on the record's own key with the current router; it
    then runs through a real ``Processor`` on the ``SandboxStore``, on a clock
    set to when its handler ran (``_written_at``: the claim time of its last
@@ -39,13 +39,13 @@ from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.model.status import Status
 from eventbus.ops.render import from_epoch_ms
-from eventbus.ops.verify.compare import Difference, Emits, Malformed, compare, emitted
-from eventbus.ops.verify.sample import BadInput
-from eventbus.ops.verify.sandbox import Lookups, SandboxStore, sandbox_databases
 from eventbus.processor import Processor
+from eventbus.rebuild.verify.compare import Difference, Emits, Malformed, compare, emitted
+from eventbus.rebuild.verify.sample import BadInput
+from eventbus.rebuild.verify.sandbox import Lookups, SandboxStore, sandbox_databases
 from eventbus.settings import Settings
 from eventbus.testing import FakeClock
-from eventbus.workers.rebuild import Message, NotReplayable, build
+from eventbus.workers.original import Message, NotReplayable, build
 
 State = Literal["same", "different", "unverifiable", "skipped", "unreadable"]
 _START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -1,7 +1,7 @@
 """What reading an archive yields: a message, or a problem naming the file and the record.
 
 ``ArchivedMessage`` is one message as the Cloud Storage subscription wrote it
-(``eventbus.ops.archive.layout`` reads it); ``ArchiveProblem`` is why one file,
+(``eventbus.rebuild.archive.layout`` reads it); ``ArchiveProblem`` is why one file,
 one record or one run of records could not be read. ``to_delivery`` turns a
 message into the ``Delivery`` the processor takes, the same form push and the
 pull worker build, and ``archived_event`` validates its body as the receiver

@@ -1,7 +1,7 @@
 """``eventbus partners``: each partner's breaker, why it opened, failures, slow calls, parked
 events, rate and bulkhead;
 ``eventbus partners open|close NAME --why ...`` holds a breaker open or closes it, audited
-(``eventbus.ops.partner_ops``)."""
+(``eventbus.partners.view``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import argparse
 from typing import Any
 
 from eventbus.ops.commands.common import Tools, UsageError, add_json
-from eventbus.ops.partner_ops import PartnerView, SteerError, describe, steer, views
 from eventbus.ops.render import safe, table
+from eventbus.partners.view import PartnerView, SteerError, describe, steer, views
 
 
 def add(commands: Any) -> None:

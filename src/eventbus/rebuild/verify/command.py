@@ -9,7 +9,7 @@
 
 Stored SUCCESS events (selected like the other operator commands, newest
 ``--limit``, run oldest first) or a recorded sample's run through the app's
-router in a sandbox (``eventbus.ops.verify``): no store writes, no partner
+router in a sandbox (``eventbus.rebuild.verify``): no store writes, no partner
 calls, no publishing. Each difference in the children or forwards is listed
 with the event's key and the child's. Exit 0 when every event emits what was
 recorded; 1 for any difference, for an event that cannot be verified (not
@@ -19,7 +19,7 @@ verified at all; 2 for arguments or a file that cannot be used.
 
 ``--from-archive PATH`` verifies the events an archive holds (a directory or
 ``gs://bucket/prefix`` of the Cloud Storage subscription's Avro files,
-``eventbus.ops.verify.from_archive``): each against its stored record while the
+``eventbus.rebuild.verify.from_archive``): each against its stored record while the
 store has it, else against the children the archive holds for it (the
 forwards are not on the bus, so not compared). ``--since``/``--until`` select
 by publish time. An event with no record whose archive ends less than
@@ -28,7 +28,7 @@ archived yet. Each bad file or record of the archive is one *unreadable* line.
 
 ``--record-sample N`` verifies N stored events the same way and writes them,
 with the parents and stored side-effect results they read, as a sample file
-(JSON lines, ``eventbus.ops.verify.sample``) on stdout; the report goes to stderr.
+(JSON lines, ``eventbus.rebuild.verify.sample``) on stdout; the report goes to stderr.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from eventbus.ops.commands.common import (
     since,
 )
 from eventbus.ops.render import safe, table, to_json
-from eventbus.ops.verify import (
+from eventbus.rebuild.verify import (
     Report,
     StoreLookups,
     Verdict,
@@ -58,7 +58,7 @@ from eventbus.ops.verify import (
     parse_sample,
     sample_lines,
 )
-from eventbus.ops.verify.from_archive import (
+from eventbus.rebuild.verify.from_archive import (
     SETTLE,
     ArchiveLookups,
     ArchiveVerifier,
@@ -139,7 +139,7 @@ def cmd_verify(args: argparse.Namespace, tools: Tools) -> int:
 
 def from_archive(args: argparse.Namespace, tools: Tools, router: Router) -> Report:
     """The report of ``--from-archive``: the archive's problems, then each selected event."""
-    from eventbus.ops.archive import ArchiveError, read_archive
+    from eventbus.rebuild.archive import ArchiveError, read_archive
 
     try:
         index = index_archive(read_archive(args.from_archive))

@@ -1,4 +1,4 @@
-"""``eventbus rebuild``: run handlers again over stored SUCCESS events (``eventbus.ops.rebuilder``).
+"""``eventbus rebuild``: run handlers again over stored SUCCESS events (``rebuild.runner``).
 
 Every input is checked before the store is touched, and every problem is one
 line and exit status 2, never a traceback: a keys file that cannot be read
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from eventbus.model.delivery import Delivery
-from eventbus.model.replaying import Replay
+from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
 from eventbus.ops import jsonfile
 from eventbus.ops.commands.common import (
@@ -34,7 +34,10 @@ from eventbus.ops.commands.common import (
     rate,
     since,
 )
-from eventbus.ops.rebuilder import (
+from eventbus.ops.render import safe, table
+from eventbus.processor.intake import Intake, Located
+from eventbus.rebuild.mode import ReplayProcessor
+from eventbus.rebuild.runner import (
     ArchiveSource,
     Rebuild,
     Report,
@@ -43,9 +46,6 @@ from eventbus.ops.rebuilder import (
     StoredSource,
     new_run,
 )
-from eventbus.ops.render import safe, table
-from eventbus.processor.intake import Intake, Located
-from eventbus.processor.replay_mode import ReplayProcessor
 from eventbus.store.base import Record
 from eventbus.store.operator_queries import EventQuery
 from eventbus.workers.rate import RateLimit
@@ -151,7 +151,7 @@ class _Planned:
 
 def _planned(source: Source) -> _Planned:
     """``source`` planned now: an archive that cannot be listed is one line, exit 2."""
-    from eventbus.ops.archive import ArchiveError
+    from eventbus.rebuild.archive import ArchiveError
 
     try:
         return _Planned(source)

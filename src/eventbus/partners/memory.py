@@ -1,6 +1,6 @@
 """Breakers and token buckets in memory: a mixin that ``MemoryEventStore`` inherits.
 
-The same documents as ``mongo_partners`` (``eventbus.store.documents.partner_documents``),
+The same documents as ``eventbus.partners.mongo`` (``eventbus.partners.documents``),
 in a dict behind the store's lock.
 """
 
@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from eventbus.store.base import Record
-from eventbus.store.documents import bson_time
-from eventbus.store.documents.partner_documents import (
+from eventbus.clock import bson_time
+from eventbus.partners.documents import (
     BREAKER,
     RateLimit,
     RateTake,
@@ -26,6 +25,7 @@ from eventbus.store.documents.partner_documents import (
     rate_id,
     rate_step,
 )
+from eventbus.store.base import Record
 
 
 class MemoryPartnersMixin:

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from eventbus.model.content import error_text
-from eventbus.ops.archive.archived import (
+from eventbus.rebuild.archive.archived import (
     ArchivedMessage,
     ArchiveError,
     ArchiveProblem,
     one_line,
     problem,
 )
-from eventbus.ops.archive.layout import avro, read_file, why
+from eventbus.rebuild.archive.layout import avro, read_file, why
 
 GS = "gs://"
 NAME_CHARS = 1024

@@ -30,7 +30,7 @@ from typing import Any
 
 from eventbus.model.content import MAX_DEPTH
 from eventbus.ops.jsonfile import depth
-from eventbus.ops.verify.sandbox import MappingLookups
+from eventbus.rebuild.verify.sandbox import MappingLookups
 
 # A record nests a few levels above an event's own data (outbox entries, pubsub).
 MAX_RECORD_DEPTH = MAX_DEPTH + 4
