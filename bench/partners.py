@@ -78,6 +78,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 import requests  # noqa: E402
 
 from bench.pull import Message, database_uri  # noqa: E402
+from eventbus.partners import Partners as PartnerGroup  # noqa: E402
+from eventbus.partners.store import store_beside  # noqa: E402
 from eventbus.processor import Intake, Processor  # noqa: E402
 from eventbus.settings import Settings  # noqa: E402
 from eventbus.store.mongo import MongoEventStore  # noqa: E402
@@ -304,7 +306,8 @@ class Sweeper:
         state = "closed"
         while not self.stop.wait(0.05):
             with contextlib.suppress(Exception):
-                found = str((self.store.breaker_get(FLAKY) or {}).get("state", "closed"))
+                stored = store_beside(self.store, Settings()).breaker_get(FLAKY) or {}
+                found = str(stored.get("state", "closed"))
                 if found != "closed" and self.line.first_open is None:
                     self.line.first_open = time.monotonic()
                 self.line.half_opens += found == "half_open" and state != "half_open"
@@ -471,7 +474,8 @@ def worker_scenario(uri: str, knobs: Knobs, breaker: bool) -> Figures:
     from bench.partner_handlers import routes
 
     with fresh(uri, breaker, knobs.down) as (config, store):
-        processor = Processor(store, routes, config, lambda: datetime.now(UTC), concurrency=8)
+        processor = Processor(store, routes, config, lambda: datetime.now(UTC), concurrency=8,
+                              partners=PartnerGroup.beside(store, config))
         worker = PullWorker(processor, Inbox(), subscription="bench", batch_size=knobs.batch)
         redriven: collections.deque[Message] = collections.deque()
         sweeper = Sweeper(store, config, lambda data, attrs: redriven.append(

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from eventbus.model.errors import Classifier
 from eventbus.model.router import Router
 from eventbus.outbox.relay import Relay
-from eventbus.partners import gauges
+from eventbus.partners import Partners, gauges
 from eventbus.processor import AfterSuccess, Clock, Middleware, Processor
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
@@ -93,10 +93,12 @@ def assemble(router: Router, settings: Settings, store: EventStore | None = None
     now = now or store.now
     if after_success is None and settings.relay_inline:
         after_success = inline_relay(settings, store, now, publisher, telemetry)
+    classifier = classifier or Classifier()
+    partners = Partners.beside(store, settings, now=now, classifier=classifier)
     processor = Processor(store, router, settings, now, after_success=after_success,
                           classifier=classifier,
                           middleware=[*telemetry.middleware(), *middleware],
-                          concurrency=concurrency)
+                          concurrency=concurrency, partners=partners)
     telemetry.watch_outbox(store)
-    telemetry.observe(gauges.watching(store))
+    telemetry.observe(gauges.watching(partners.store))
     return Parts(store, processor, telemetry)

@@ -35,6 +35,7 @@ from eventbus.model.keys import record_key
 from eventbus.model.router import Router
 from eventbus.ops import cascade
 from eventbus.outbox.relay import Relay
+from eventbus.partners import Partners
 from eventbus.processor import Processor, Result
 from eventbus.pubsub.message import Entity, build_event, build_message
 from eventbus.settings import Settings
@@ -140,10 +141,16 @@ class LocalBus:
         self.publisher = CapturingPublisher()
         self.relay = Relay(self.store, self.publisher, now=self.clock, sleep=lambda _: None,
                            telemetry=telemetry)
+        classifier = classifier or Classifier()
+        self.partners = Partners.beside(self.store, self.settings, now=self.clock,
+                                        classifier=classifier, sleep=self.clock.sleep,
+                                        monotonic=self.clock.monotonic)
+        """The partners ``context.partner`` calls through; ``partners.store`` their store."""
         self.processor = Processor(self.store, router, self.settings, self.clock,
                                    after_success=self.relay, classifier=classifier,
                                    sleep=self.clock.sleep, monotonic=self.clock.monotonic,
-                                   middleware=telemetry.middleware() if telemetry else ())
+                                   middleware=telemetry.middleware() if telemetry else (),
+                                   partners=self.partners)
         self.results: list[Result] = []
         """Every delivery's result, in the order they ran."""
         self.messages: dict[str, Message] = {}

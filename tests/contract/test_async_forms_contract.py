@@ -12,7 +12,7 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -30,6 +30,7 @@ from eventbus.store.base import EventStore
 from eventbus.testing import FakeClock
 from tests import aio
 from tests.contract.conftest import LEASE, StoreClock, new_key
+from tests.partner_stores import beside
 
 T = TypeVar("T")
 SETTINGS = Settings(breaker_failures=3, breaker_open_seconds=30, breaker_open_cap_seconds=100,
@@ -146,7 +147,7 @@ def partners(store: Any, store_clock: StoreClock) -> Partners:
 
 def test_call_async_opens_the_breaker_as_call_does_and_counts_with_it(
         store: EventStore, store_clock: StoreClock) -> None:
-    watched = Threads(store)
+    watched = Threads(beside(store))  # the partners' store: breakers and rates are there
     group = partners(watched, store_clock)
     name = f"acme-{new_key()[-8:]}"
 
@@ -159,7 +160,7 @@ def test_call_async_opens_the_breaker_as_call_does_and_counts_with_it(
     with pytest.raises(BreakerOpen) as opened:
         on_loop(lambda: group.get(name).call_async(effect_down))
     assert isinstance(opened.value.__cause__, TransientError)
-    assert (store.breaker_get(name) or {})["state"] == OPEN
+    assert (beside(store).breaker_get(name) or {})["state"] == OPEN
     calls: list[int] = []
 
     async def counted() -> int:
@@ -173,13 +174,13 @@ def test_call_async_opens_the_breaker_as_call_does_and_counts_with_it(
     watched.calls.clear()  # the sync calls above ran on this thread, as asyncio.run's loop does
     (answer, loop_thread) = on_loop(lambda: group.get(name).call_async(counted))
     assert answer == 1 and calls == [1]
-    assert (store.breaker_get(name) or {})["state"] == "closed"
+    assert (beside(store).breaker_get(name) or {})["state"] == "closed"
     assert watched.calls and all(thread != loop_thread for _, thread in watched.calls)
 
 
 def test_call_async_counts_a_permanent_answer_as_an_answer(store: EventStore,
                                                           store_clock: StoreClock) -> None:
-    group, name = partners(store, store_clock), f"globex-{new_key()[-8:]}"
+    group, name = partners(beside(store), store_clock), f"globex-{new_key()[-8:]}"
 
     async def refused() -> None:
         raise PermanentError("no such order")
@@ -187,13 +188,13 @@ def test_call_async_counts_a_permanent_answer_as_an_answer(store: EventStore,
     for _ in range(5):
         with pytest.raises(PermanentError):
             on_loop(lambda: group.get(name).call_async(refused))
-    assert (store.breaker_get(name) or {}).get("state", "closed") == "closed"
+    assert (beside(store).breaker_get(name) or {}).get("state", "closed") == "closed"
 
 
 def test_call_async_takes_the_shared_rate_and_parks_past_it(store: EventStore,
                                                            store_clock: StoreClock) -> None:
     rated = Settings(partner_rate=1.0, partner_burst_seconds=1.0, partner_rate_wait_seconds=0.5)
-    group = Partners(store, rated, now=FakeClock(datetime.now().astimezone()),
+    group = Partners.beside(store, rated, now=FakeClock(datetime.now().astimezone()),
                      sleep=store_clock.advance)
     name = f"initech-{new_key()[-8:]}"
     (first, _) = on_loop(lambda: group.get(name).call_async(effect_ok))
@@ -206,10 +207,10 @@ def test_call_async_takes_the_shared_rate_and_parks_past_it(store: EventStore,
 def test_call_async_opens_on_slow_running_calls_off_the_loop_and_forgets_cancelled_ones(
         store: EventStore) -> None:
     ticks = [1000.0]
-    recorder = Threads(store)
+    recorder = Threads(beside(store))  # the partners' store: breakers and rates are there
     slow = Settings(breaker_failures=3, breaker_open_seconds=30, breaker_slow_seconds=2.0,
                     breaker_slow_share=0.5, breaker_slow_min_calls=4, breaker_slow_window=4)
-    group = Partners(recorder, slow, monotonic=lambda: ticks[0], sleep=lambda _: None)
+    group = Partners(cast(Any, recorder), slow, monotonic=lambda: ticks[0], sleep=lambda _: None)
     name = f"slowco-{new_key()}"
     window = group.window(name)
 
@@ -236,7 +237,7 @@ def test_call_async_opens_on_slow_running_calls_off_the_loop_and_forgets_cancell
     assert recorder.calls and all(thread != loop_thread for _, thread in recorder.calls)
     assert [type(result).__name__ for result in results] == \
         ["CancelledError", "CancelledError", "dict", "dict"]
-    stored = store.breaker_get(name) or {}
+    stored = beside(store).breaker_get(name) or {}
     assert stored["state"] == OPEN and stored["reason"]["running"] == 4
     # The cancelled calls run no more; the two that answered counted as slow.
     assert window.tally_now(float("inf"), 0.0)[1] == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,11 @@ from eventbus.testing import CapturingPublisher
 from eventbus.workers.redrive import Redriver
 from tests.closing import closed_after_test
 from tests.contract.conftest import StoreClock, caller_clock
+
+
+def partners_of(store: Any, settings: Settings, clock: Any) -> Partners:
+    """The partners a processor built for itself before issue 41: real waits, ``clock``."""
+    return Partners.beside(store, settings, now=clock, sleep=time.sleep, monotonic=time.monotonic)
 
 PARK = 5.0
 
@@ -82,7 +88,7 @@ def delivery(partner: str, tag: str) -> Delivery:
 def test_never_more_than_the_cap_in_flight_under_threads_and_other_partners_go_at_once(
         store: EventStore) -> None:
     partner = FakePartner()
-    group = Partners(store, Settings(partner_concurrency=3,
+    group = Partners.beside(store, Settings(partner_concurrency=3,
                                      partner_concurrency_wait_seconds=8.0))
     partner.gate.clear()
     with ThreadPoolExecutor(12) as pool:
@@ -110,8 +116,9 @@ def test_never_more_than_the_cap_in_flight_under_threads_and_other_partners_go_a
 
 
 def test_a_cap_of_one_and_no_wait_refuses_the_second_at_once(store: EventStore) -> None:
-    group = Partners(store, Settings(partner_concurrency=1, partner_concurrency_wait_seconds=0,
-                                     partner_concurrency_park_seconds=PARK))
+    group = Partners.beside(store, Settings(partner_concurrency=1,
+                                            partner_concurrency_wait_seconds=0,
+                                            partner_concurrency_park_seconds=PARK))
     with group.slot("acme"), pytest.raises(BulkheadFull) as full:
         group.get("acme").call(lambda: pytest.fail("called over the cap"))
     assert full.value.partner == "acme"
@@ -120,8 +127,9 @@ def test_a_cap_of_one_and_no_wait_refuses_the_second_at_once(store: EventStore) 
 
 
 def test_a_partners_own_cap_overrides_and_zero_lifts_it(store: EventStore) -> None:
-    group = Partners(store, Settings(partner_concurrency=1, partner_concurrency_wait_seconds=0,
-                                     partner_concurrencies=(("free", 0), ("two", 2))))
+    group = Partners.beside(store, Settings(partner_concurrency=1,
+                                            partner_concurrency_wait_seconds=0,
+                                            partner_concurrencies=(("free", 0), ("two", 2))))
     assert (group.concurrency("acme"), group.concurrency("free"), group.concurrency("two")) \
         == (1, 0, 2)
     with group.slot("free"), group.slot("free"), group.slot("free"):
@@ -136,7 +144,8 @@ def _setup(store: EventStore, store_clock: StoreClock,
     config = Settings(partner_concurrency=1, partner_concurrency_wait_seconds=0,
                       partner_concurrency_park_seconds=PARK, redrive_after_seconds=60,
                       relay_inline=False)
-    run = closed_after_test(Processor(store, router(partner), config, clock))
+    run = closed_after_test(Processor(store, router(partner), config, clock,
+                                      partners=partners_of(store, config, clock)))
     publisher = CapturingPublisher()
     return run, Redriver(store, publisher, config, now=clock, locate=run.locate), publisher, \
         clock
@@ -178,7 +187,8 @@ def test_a_batch_over_the_cap_parks_the_rest_and_calls_the_others(
     clock = caller_clock(store_clock, documents.bson_time(datetime.now(UTC)))
     config = Settings(partner_concurrency=2, partner_concurrency_wait_seconds=0,
                       relay_inline=False)
-    run = closed_after_test(Processor(store, router(partner), config, clock, concurrency=8))
+    run = closed_after_test(Processor(store, router(partner), config, clock, concurrency=8,
+                                      partners=partners_of(store, config, clock)))
     tag = uuid.uuid4().hex
     partner.gate.clear()
     batch = [delivery("acme", f"{tag}-a{n}") for n in range(6)] + \

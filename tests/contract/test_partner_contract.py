@@ -37,6 +37,7 @@ from eventbus.store.base import EventStore, Finish, Finished
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from tests.contract.conftest import StoreClock, mongo_settings
+from tests.partner_stores import beside
 
 SETTINGS = Settings(breaker_failures=3, breaker_open_seconds=30, breaker_open_cap_seconds=100,
                     breaker_probe_seconds=10, partner_rate_wait_seconds=1.0)
@@ -126,7 +127,7 @@ def clock(store: EventStore, moves: StoreClock) -> StoreTime:
 def partners(store: EventStore, clock: StoreTime, settings: Settings = SETTINGS, *,
              skew: timedelta = SKEW) -> Partners:
     """An instance whose own clock is ``skew`` off the store's; its waits move the store's."""
-    return Partners(store, settings, now=FakeClock(datetime.now(UTC) + skew),
+    return Partners.beside(store, settings, now=FakeClock(datetime.now(UTC) + skew),
                     sleep=clock.advance)
 
 
@@ -141,35 +142,35 @@ def fail(group: Partners, name: str = "acme", times: int = 3) -> None:
 
 
 def doc(store: EventStore, name: str = "acme") -> dict[str, Any]:
-    found = store.breaker_get(name)
+    found = beside(store).breaker_get(name)
     assert found is not None
     return found
 
 
 def state(store: EventStore, name: str = "acme") -> str:
-    return str((store.breaker_get(name) or {}).get("state", CLOSED))
+    return str((beside(store).breaker_get(name) or {}).get("state", CLOSED))
 
 
 # -- the compare-and-swap primitive -------------------------------------------------------
 def test_a_breaker_is_created_once_and_moves_only_from_the_version_read(
         store: EventStore) -> None:
-    assert store.breaker_get("acme") is None
-    assert store.breaker_swap("acme", 0, {"state": OPEN, "failures": 1})
-    assert not store.breaker_swap("acme", 0, {"state": CLOSED})
-    stored = store.breaker_get("acme")
+    assert beside(store).breaker_get("acme") is None
+    assert beside(store).breaker_swap("acme", 0, {"state": OPEN, "failures": 1})
+    assert not beside(store).breaker_swap("acme", 0, {"state": CLOSED})
+    stored = beside(store).breaker_get("acme")
     assert stored is not None and stored["version"] == 1 and stored["state"] == OPEN
     assert stored["name"] == "acme" and stored["kind"] == "breaker"
-    assert not store.breaker_swap("acme", 2, {"state": CLOSED})
-    assert store.breaker_swap("acme", 1, {"state": CLOSED})
-    assert [doc["name"] for doc in store.breakers()] == ["acme"]
+    assert not beside(store).breaker_swap("acme", 2, {"state": CLOSED})
+    assert beside(store).breaker_swap("acme", 1, {"state": CLOSED})
+    assert [doc["name"] for doc in beside(store).breakers()] == ["acme"]
 
 
 def test_concurrent_swaps_from_one_version_let_exactly_one_win(store: EventStore,
                                                                twin: Twin) -> None:
-    store.breaker_swap("acme", 0, {"state": CLOSED})
+    beside(store).breaker_swap("acme", 0, {"state": CLOSED})
     others = [twin() for _ in range(2)]
     with ThreadPoolExecutor(6) as pool:
-        won = list(pool.map(lambda index: others[index % 2].breaker_swap(
+        won = list(pool.map(lambda index: beside(others[index % 2]).breaker_swap(
             "acme", 1, {"state": OPEN, "by": index}), range(12)))
     assert won.count(True) == 1
 
@@ -230,7 +231,7 @@ def test_a_lost_probe_lets_another_go_after_the_probe_time(store: EventStore,
     group = partners(store, clock)
     fail(group)
     clock.advance(30)
-    store.breaker_swap("acme", doc(store)["version"],
+    beside(store).breaker_swap("acme", doc(store)["version"],
                        {**doc(store), "state": HALF_OPEN,
                         "probe_until": clock() + timedelta(seconds=10)})
     with pytest.raises(BreakerOpen):
@@ -315,27 +316,29 @@ def most_in_any_span(times: Sequence[datetime], limit: RateLimit) -> list[tuple[
 def test_a_refused_call_learns_when_the_next_token_is_free(store: EventStore,
                                                           clock: StoreTime) -> None:
     limit = RateLimit(interval_ms=500, burst=2)
-    first, second, third = (store.rate_take("acme", limit, NO_WAIT) for _ in range(3))
+    first, second, third = (beside(store).rate_take("acme", limit, NO_WAIT) for _ in range(3))
     assert first.taken and second.taken and first.wait == second.wait == NO_WAIT
     assert not third.taken and third.until == first.at + timedelta(milliseconds=500)
     assert third.wait == third.until - third.at > NO_WAIT
     clock.advance((third.wait - 200 * MS).total_seconds())
-    early = store.rate_take("acme", limit, NO_WAIT)  # refusals spend nothing: the same token
+    # refusals spend nothing: the same token
+    early = beside(store).rate_take("acme", limit, NO_WAIT)
     assert not early.taken and early.until == third.until
     if clock.exact:
         clock.advance(0.199)
-        assert store.rate_take("acme", limit, NO_WAIT).wait == MS
+        assert beside(store).rate_take("acme", limit, NO_WAIT).wait == MS
     clock.advance(0.2)
-    on_time = store.rate_take("acme", limit, NO_WAIT)
+    on_time = beside(store).rate_take("acme", limit, NO_WAIT)
     assert on_time.taken and on_time.wait == NO_WAIT
-    assert not store.rate_take("acme", limit, NO_WAIT).taken
-    assert store.rate_take("globex", limit, NO_WAIT).taken  # each partner has its own bucket
+    assert not beside(store).rate_take("acme", limit, NO_WAIT).taken
+    # each partner has its own bucket
+    assert beside(store).rate_take("globex", limit, NO_WAIT).taken
 
 
 def test_a_call_within_the_longest_wait_reserves_its_token_and_later_ones_queue(
         store: EventStore) -> None:
     limit, longest = RateLimit(interval_ms=500, burst=2), timedelta(seconds=1)
-    takes = [store.rate_take("acme", limit, longest) for _ in range(5)]
+    takes = [beside(store).rate_take("acme", limit, longest) for _ in range(5)]
     start = takes[0].at
     assert [take.taken for take in takes] == [True, True, True, True, False]
     assert takes[0].wait == takes[1].wait == NO_WAIT
@@ -357,7 +360,7 @@ def test_at_any_rate_no_span_admits_more_than_rate_times_span_plus_burst(
         name, takes, tat = f"p-{limit.interval_ms}-{limit.burst}-{longest / MS:g}", [], None
         for gap in gaps:
             clock.advance(gap)
-            take = store.rate_take(name, limit, longest)
+            take = beside(store).rate_take(name, limit, longest)
             expected, tat = rate_step(tat, take.at, limit, longest)
             assert take == expected
             takes.append(take)
@@ -369,9 +372,9 @@ def test_at_any_rate_no_span_admits_more_than_rate_times_span_plus_burst(
 def test_no_double_rate_across_a_window_boundary(store: EventStore, clock: StoreTime) -> None:
     limit = RateLimit(interval_ms=500, burst=2)  # 2 calls/s
     clock.advance((0.99 - clock().timestamp()) % 1)  # 10 ms before a whole second
-    before = [store.rate_take("acme", limit, NO_WAIT) for _ in range(4)]
+    before = [beside(store).rate_take("acme", limit, NO_WAIT) for _ in range(4)]
     clock.advance(0.02)  # 10 ms after it: a fixed window would start counting again
-    after = [store.rate_take("acme", limit, NO_WAIT) for _ in range(4)]
+    after = [beside(store).rate_take("acme", limit, NO_WAIT) for _ in range(4)]
     assert [take.taken for take in before + after] == [True, True] + [False] * 6
 
 
@@ -382,8 +385,8 @@ def test_takes_from_many_instances_at_once_never_overspend(store: EventStore,
     limit, longest = RateLimit(interval_ms=3_600_000, burst=5), timedelta(seconds=1)
     stores = [store, twin(), twin()]
     with ThreadPoolExecutor(6) as pool:
-        takes = list(pool.map(lambda index: stores[index % 3].rate_take("acme", limit, longest),
-                              range(30)))
+        takes = list(pool.map(
+            lambda index: beside(stores[index % 3]).rate_take("acme", limit, longest), range(30)))
     assert sum(take.taken for take in takes) == 5
     [until] = {take.until for take in takes if not take.taken}  # one next token for all
     times = [take.at for take in takes if take.taken]
@@ -457,11 +460,11 @@ def test_a_rate_check_is_one_round_trip_on_the_server(mongo_uri: str, mongo_db: 
     counted = MongoEventStore.from_settings(settings, count_round_trips=True)
     try:
         counted.now()  # the server clock's first reading (then every few minutes)
-        group, limit = Partners(counted, settings), RateLimit(1000, 1)
+        group, limit = Partners.beside(counted, settings), RateLimit(1000, 1)
         with counted.round_trips.measure() as first:
-            counted.rate_take("acme", limit, NO_WAIT)  # the bucket's upsert
+            beside(counted).rate_take("acme", limit, NO_WAIT)  # the bucket's upsert
         with counted.round_trips.measure() as refused:
-            counted.rate_take("acme", limit, NO_WAIT)
+            beside(counted).rate_take("acme", limit, NO_WAIT)
         with counted.round_trips.measure() as call, pytest.raises(RateLimited):
             group.get("acme").call(lambda: None)
         assert first.commands == refused.commands == ["findAndModify"]
@@ -512,7 +515,7 @@ def test_unpark_makes_a_partners_parked_events_due_now(store: EventStore,
 def test_reset_forgets_the_breakers_too(store: EventStore, clock: StoreTime) -> None:
     fail(partners(store, clock))
     store.reset()
-    assert store.breaker_get("acme") is None and store.breakers() == []
+    assert beside(store).breaker_get("acme") is None and beside(store).breakers() == []
 
 
 def test_a_probe_that_closes_the_breaker_brings_its_parked_events_back(

@@ -23,6 +23,7 @@ from eventbus.partners import CLOSED, HALF_OPEN, OPEN, Partners
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from tests.contract.conftest import StoreClock
+from tests.partner_stores import beside
 
 SLOW = Settings(breaker_failures=3, breaker_open_seconds=30, breaker_open_cap_seconds=100,
                 breaker_probe_seconds=10, breaker_slow_seconds=2.0, breaker_slow_share=0.5,
@@ -41,7 +42,7 @@ class Ticker:
 
 def group(store: EventStore, settings: Settings = SLOW) -> tuple[Partners, Ticker]:
     ticker = Ticker()
-    return Partners(store, settings, monotonic=ticker, sleep=lambda _: None), ticker
+    return Partners.beside(store, settings, monotonic=ticker, sleep=lambda _: None), ticker
 
 
 def taking(ticker: Ticker, seconds: float, fail: bool = False) -> Callable[[], str]:
@@ -54,7 +55,7 @@ def taking(ticker: Ticker, seconds: float, fail: bool = False) -> Callable[[], s
 
 
 def breaker(store: EventStore, name: str = "acme") -> dict[str, Any]:
-    found = store.breaker_get(name)
+    found = beside(store).breaker_get(name)
     assert found is not None
     return found
 
@@ -65,7 +66,7 @@ def test_slow_calls_at_the_share_open_the_breaker_with_the_numbers(
     acme = partners.get("acme")
     assert acme.call(taking(ticker, 0.1)) == "answered"
     assert acme.call(taking(ticker, 0.2)) == "answered"
-    assert store.breaker_get("acme") is None  # fast answers on a closed breaker: no write
+    assert beside(store).breaker_get("acme") is None  # fast answers on a closed breaker: no write
     assert acme.call(taking(ticker, 2.5)) == "answered"  # slow, 1 of 3: counted, not open
     assert (breaker(store)["state"], breaker(store)["slow_calls"]) == (CLOSED, 1)
     # The fourth call is slow too: 2 of 4 (the minimum) is the 50% share. It answered,
@@ -151,7 +152,7 @@ def test_slow_calls_are_not_counted_when_the_setting_is_off(store: EventStore) -
     partners, ticker = group(store, Settings(breaker_failures=3))
     for _ in range(20):
         partners.get("acme").call(taking(ticker, 600))
-    assert store.breaker_get("acme") is None
+    assert beside(store).breaker_get("acme") is None
 
 
 def test_a_probe_taken_stays_half_open_while_it_is_slow_elsewhere(
@@ -245,7 +246,7 @@ def test_running_calls_under_the_share_or_the_minimum_open_nothing(store: EventS
         wait_running(partners, 1)
         ticker.seconds += 30  # one slow running call among 3 fast ones: 1 of 4, under 50%
         assert acme.call(taking(ticker, 0.1)) == "answered"
-        assert store.breaker_get("acme") is None
+        assert beside(store).breaker_get("acme") is None
     finally:
         release.set()
         for thread in threads:

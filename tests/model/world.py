@@ -61,8 +61,9 @@ from eventbus.model.order import entity_key
 from eventbus.model.router import Router
 from eventbus.ops.replay import Replayer
 from eventbus.outbox.relay import Relay
-from eventbus.partners import partner_name
+from eventbus.partners import Partners, partner_name
 from eventbus.partners.documents import is_parked
+from eventbus.partners.store import PartnerStore, store_beside
 from eventbus.processor import Heartbeat, Processor, Result
 from eventbus.settings import Settings
 from eventbus.store.base import BatchClaim, Claim, EntityHolds, EventStore, Finish, Finished
@@ -184,6 +185,19 @@ class MongoBackend:
 
 
 # -- instances -------------------------------------------------------------------------
+class _Sibling:
+    """``CrashingStore.sibling``: ``store``'s calls go through ``parent``'s count and crash."""
+
+    def __init__(self, parent: CrashingStore, store: Any) -> None:
+        self._parent, self._store = parent, store
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._store, name)
+        if name.startswith("_") or name in CrashingStore.PASSIVE or not callable(attribute):
+            return attribute
+        return functools.partial(self._parent._call, name, attribute)
+
+
 class CrashingStore:
     """A store proxy that counts the calls an instance makes, and kills it at one of them.
 
@@ -205,6 +219,11 @@ class CrashingStore:
     def arm(self, calls: int, when: str) -> None:
         """Crash at the ``calls``-th store call from now, ``before`` or ``after`` it."""
         self.armed = (len(self.calls) + calls, when)
+
+    def sibling(self, store: Any) -> Any:
+        """A proxy of another of the instance's stores (its partners') whose calls count and
+        crash with this one's: one instance, one count, one death."""
+        return _Sibling(self, store)
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._store, name)
@@ -275,8 +294,10 @@ class Instance:
 
     def redriver(self, publisher: Broker) -> Redriver:
         """The redrive sweeper as this instance would run it (its clock, its store calls)."""
+        partners = self.processor.partners
         return Redriver(cast(EventStore, self.store), publisher, SETTINGS, now=self.clock,
-                        locate=self.processor.locate)
+                        locate=self.processor.locate,
+                        partners=partners.store if partners is not None else None)
 
     def relay(self, publisher: Broker) -> Relay:
         """The outbox relay as this instance would run it."""
@@ -375,9 +396,12 @@ class World:
         relay = Relay(store, self.broker, now=clock, sleep=clock.sleep)
         # Its monotonic clock is the world's too: with the real one, no wait of the world
         # would ever be a quarter lease, and a lane would never confirm its hold.
+        partners = cast(PartnerStore, proxy.sibling(store_beside(self.store, SETTINGS)))
         processor = Processor(store, self.router, SETTINGS, clock, after_success=relay,
                               heartbeat=Heartbeat(store, now=clock, background=False),
-                              sleep=clock.sleep, monotonic=clock.monotonic)
+                              sleep=clock.sleep, monotonic=clock.monotonic,
+                              partners=Partners(partners, SETTINGS, now=clock, sleep=clock.sleep,
+                                                monotonic=clock.monotonic))
         return Instance(slot, clock, proxy, processor)
 
     def _router(self) -> Router:

@@ -7,6 +7,7 @@ from flask.testing import FlaskClient
 from tests.ops.conftest import Bus
 from tests.ops.test_console import HOST, get, signed_in
 from tests.ops.test_partners_command import ESC, break_partner, park
+from tests.partner_stores import beside
 
 HOSTILE = '<script>alert(1)</script>"\''
 
@@ -39,7 +40,7 @@ def test_hold_open_and_close_need_the_csrf_token_and_a_reason(bus: Bus) -> None:
     page = get(browser, "/partners").get_data(as_text=True)
     assert "held open by local operator: maintenance" in page
     assert post(browser, name="globex", action="close", why="back", csrf=token) == 303
-    [audit_open, audit_close] = (bus.store.breaker_get("globex") or {})["audit"]
+    [audit_open, audit_close] = (beside(bus.store).breaker_get("globex") or {})["audit"]
     assert (audit_open["by"], audit_close["why"]) == ("local operator", "back")
 
 

@@ -31,7 +31,7 @@ from eventbus.model.delivery import Delivery
 from eventbus.ops import cli
 from eventbus.ops.commands import console, public
 from eventbus.ops.commands.common import APP_FORMS, UsageError, locator
-from eventbus.partners import BreakerState
+from eventbus.partners import BreakerState, Partners
 from eventbus.processor import Intake, Processor
 from eventbus.pubsub.message import build_event, build_message
 from eventbus.rebuild import command as rebuilding
@@ -41,6 +41,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.store.mongo import MongoEventStore
 from eventbus.testing import CapturingPublisher, FakeClock
 from eventbus.web.console import ConsoleConfig, create_console_app
+from tests.partner_stores import beside
 
 SKEW = dt.timedelta(minutes=30)
 """How far the host's clock is ahead of the store's."""
@@ -137,7 +138,9 @@ def deliver(store: Any, event_type: str, n: int) -> str:
     """Process one event through the real processor on the store's clock; its stored key."""
     entity = {"partnerId": "p-1", "entity_id": f"e-{n}", "entity_type": "Order"}
     body, attributes = build_message(build_event(event_type, {"n": n}, entity=entity))
-    with contextlib.closing(Processor(store, ROUTES, SETTINGS, store.now)) as processor:
+    partners = Partners.beside(store, SETTINGS, now=store.now)
+    with contextlib.closing(Processor(store, ROUTES, SETTINGS, store.now,
+                                      partners=partners)) as processor:
         return processor.process(Delivery(body, attributes, message_id=f"m-{n}")).key
 
 
@@ -158,12 +161,12 @@ def test_partners_open_and_close_stamp_the_breaker_and_the_redrive_on_the_stores
                    == "parked"]
     assert parked_keys and store.parked_counts() == {"acme": len(parked_keys)}
     assert run(store, "partners", "open", "acme", "--why", "maintenance")[0] == 0
-    held = BreakerState.from_document(store.breaker_get("acme"))
+    held = BreakerState.from_document(beside(store).breaker_get("acme"))
     assert on_store_clock(store, held.opened_at) and on_store_clock(store, held.audit[-1]["at"])
 
     code, out, err = run(store, "partners", "close", "acme", "--why", "partner fixed")
     assert (code, err) == (0, "") and "closed" in out
-    closed = BreakerState.from_document(store.breaker_get("acme"))
+    closed = BreakerState.from_document(beside(store).breaker_get("acme"))
     assert closed.state == "closed" and closed.audit[-1]["action"] == "close"
     assert on_store_clock(store, closed.audit[-1]["at"])
     # Due now on the store's clock: the redrive takes them at once, not 30 minutes from now.

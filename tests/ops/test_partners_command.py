@@ -15,7 +15,7 @@ ESC = "\x1b[2J\x1b]0;owned\x07"
 
 
 def break_partner(bus: Bus, name: str, message: str = "503") -> None:
-    group = Partners(bus.store, bus.settings, now=FakeClock(dt.datetime.now(dt.UTC)))
+    group = Partners.beside(bus.store, bus.settings, now=FakeClock(dt.datetime.now(dt.UTC)))
 
     def down() -> None:
         raise TransientError(message)

@@ -27,7 +27,7 @@ SLOW = {"breaker_slow_seconds": 2.0, "breaker_slow_share": 0.5, "breaker_slow_mi
 def slow_partner(bus: Bus, name: str = "acme") -> Partners:
     """Four calls, three of them 8 s long: the breaker opens on slow calls."""
     ticks = [0.0]
-    group = Partners(bus.store, Settings(**SLOW), monotonic=lambda: ticks[0])
+    group = Partners.beside(bus.store, Settings(**SLOW), monotonic=lambda: ticks[0])
     for seconds in (0.1, 8.0, 8.0, 8.0):
         def effect(seconds: float = seconds) -> None:
             ticks[0] += seconds
@@ -53,7 +53,7 @@ def test_the_command_shows_the_slow_calls_that_opened_a_breaker_with_the_numbers
 def test_the_command_shows_failures_as_the_reason_and_the_bulkhead_cap(
         bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVENTBUS_PARTNER_CONCURRENCIES", "globex=3")
-    group = Partners(bus.store, bus.settings)
+    group = Partners.beside(bus.store, bus.settings)
 
     def down() -> None:
         raise TransientError("503")

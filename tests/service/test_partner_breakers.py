@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections import Counter
 from typing import Any
 
@@ -25,6 +26,7 @@ from eventbus.model.delivery import Delivery
 from eventbus.model.errors import BreakerOpen
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
+from eventbus.partners import Partners as PartnerGroup
 from eventbus.processor import Processor
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
@@ -37,6 +39,12 @@ from tests.hypothesis_profiles import examples
 from tests.partner_server import PartnerServer
 from tests.service.conftest import START, Make
 from tests.service.test_pull_worker import FakeMessage
+
+
+def partners_of(store: Any, settings: Settings, clock: Any) -> PartnerGroup:
+    """The partners a processor built for itself before issue 41: real waits, ``clock``."""
+    return PartnerGroup.beside(store, settings, now=clock, sleep=time.sleep,
+                               monotonic=time.monotonic)
 
 SETTINGS = Settings(max_attempts=5, breaker_failures=3, breaker_open_seconds=30,
                     breaker_probe_seconds=10, redrive_after_seconds=60, redrive_max=2,
@@ -88,7 +96,8 @@ def setup(partners: Partners) -> tuple[MemoryEventStore, Processor, Redriver,
                                        CapturingPublisher, FakeClock]:
     clock, publisher = FakeClock(START), CapturingPublisher()
     store = MemoryEventStore(clock=clock)
-    run = closed_after_test(Processor(store, partners.router(), SETTINGS, clock))
+    run = closed_after_test(Processor(store, partners.router(), SETTINGS, clock,
+                                      partners=partners_of(store, SETTINGS, clock)))
     return store, run, Redriver(store, publisher, SETTINGS, now=clock, locate=run.locate), \
         publisher, clock
 
@@ -189,7 +198,9 @@ def test_any_partner_name_from_a_message_parks_safely(name: str) -> None:
     def call(context: Context) -> None:
         context.partner(name).call(lambda: partners.post(name, context.key))
 
-    with closed_here(Processor(store, routes, SETTINGS, clock)) as run:  # one an example
+    group = partners_of(store, SETTINGS, clock)
+    with closed_here(Processor(store, routes, SETTINGS, clock,
+                               partners=group)) as run:  # one an example
         outcomes = [run.process(delivery("p", n)).outcome for n in range(5)]
     assert outcomes == [Outcome.RETRY] * 2 + [Outcome.PARKED] * 3
     [stored_name] = store.parked_counts()
@@ -199,7 +210,7 @@ def test_any_partner_name_from_a_message_parks_safely(name: str) -> None:
 def test_the_partner_apps_client_stops_calling_a_down_partner() -> None:
     clock = FakeClock(START)
     store = MemoryEventStore(clock=clock)
-    group = closed_after_test(Processor(store, Router(), SETTINGS, clock)).partners
+    group = partners_of(store, SETTINGS, clock)
     with PartnerServer(then=503) as server:
         client = PartnerClient(Guard(store, lease=dt.timedelta(seconds=30), now=clock),
                                timeout=2.0, partner=group.get("acme"))

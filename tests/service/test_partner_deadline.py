@@ -39,6 +39,7 @@ from handlers.settings import AppSettings
 from tests import aio
 from tests import hostile_server as hostile
 from tests.hypothesis_profiles import examples
+from tests.partner_stores import beside
 from tests.service.conftest import START, Make
 from tests.service.test_cascade import on_the_bus, order
 from tests.service.test_deadline import HOSTILE_LENGTHS, LENGTHS, hostile_length
@@ -128,13 +129,13 @@ def test_a_200_with_a_hostile_content_length_is_delivered_and_never_counts_again
     # It raised a bare ValueError in the call, which the breaker counted as a failure.
     clock = FakeClock(START)
     store = MemoryEventStore(clock=clock)
-    partner = Partners(store, Settings(breaker_failures=1), now=clock).get("acme")
+    partner = Partners.beside(store, Settings(breaker_failures=1), now=clock).get("acme")
     client = PartnerClient(Guard(store, lease=dt.timedelta(seconds=30), now=clock),
                            timeout=DEADLINE, partner=partner)
     with hostile.HostileServer(hostile_length(value)) as server:
         delivered = client.deliver("k-1", server.url + "/x", {"n": 1})
     assert (delivered.status_code, delivered.skipped) == (200, False)
-    assert store.breaker_get("acme") is None  # no failure stored: the breaker never moved
+    assert beside(store).breaker_get("acme") is None  # no failure stored: the breaker never moved
 
 
 def async_partner() -> AsyncPartnerClient:

@@ -58,7 +58,9 @@ from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
 from eventbus.ops.replay import Replayer
 from eventbus.outbox.relay import Relay
+from eventbus.partners import Partners
 from eventbus.partners.documents import is_parked
+from eventbus.partners.store import PartnerStore, store_beside
 from eventbus.partners.view import steer
 from eventbus.processor import Heartbeat, Processor, Result
 from eventbus.rebuild.mode import ReplayProcessor
@@ -284,10 +286,21 @@ class World:
                       jitter=lambda: 0.5, monotonic=self.scheduler.now)
         processor = Processor(store, self.router, SETTINGS, clock, after_success=relay,
                               heartbeat=Heartbeat(store, now=clock, background=False),
-                              sleep=self.scheduler.sleep, monotonic=self.scheduler.now)
+                              sleep=self.scheduler.sleep, monotonic=self.scheduler.now,
+                              partners=self.partners(actor, clock))
         processor.handler_loop = SimHandlerLoop(self.scheduler, actor)  # type: ignore[assignment]
         actor.processor = processor
         return processor
+
+    def partner_store(self, actor: Actor) -> PartnerStore:
+        """The partners' store beside the world's, behind ``actor``'s proxy: every breaker
+        and rate call a scheduling point, as the event store's are."""
+        return cast(PartnerStore, SimStore(store_beside(self.store, SETTINGS), self, actor))
+
+    def partners(self, actor: Actor, clock: Callable[[], datetime]) -> Partners:
+        """``actor``'s partners over its proxied partners' store, on the world's waits."""
+        return Partners(self.partner_store(actor), SETTINGS, now=clock,
+                        sleep=self.scheduler.sleep, monotonic=self.scheduler.now)
 
     def _router(self) -> Router:
         routes = Router()
@@ -658,8 +671,8 @@ class World:
             self.scheduler.sleep(self.rng.uniform(10.0, 90.0), "interval")
             with contextlib.suppress(StoreUnavailable):
                 if what == "redrive":
-                    Redriver(store, self.broker, SETTINGS, now=clock,
-                             locate=processor.locate).sweep()
+                    Redriver(store, self.broker, SETTINGS, now=clock, locate=processor.locate,
+                             partners=self.partner_store(actor)).sweep()
                 else:
                     Relay(store, self.broker, now=clock, sleep=self.scheduler.sleep,
                           jitter=lambda: 0.5,
@@ -683,8 +696,8 @@ class World:
                             Replayer(store, self.broker, clock, by="sim", why="sim replay",
                                      locate=processor.locate).replay(record)
                 else:
-                    steer(store, "p1", hold_open=False, why="sim", by="sim", now=clock(),
-                          settings=SETTINGS)
+                    steer(self.partner_store(actor), "p1", hold_open=False, why="sim", by="sim",
+                          now=clock(), settings=SETTINGS)
 
     def rebuilder(self, actor: Actor, *, resume: bool) -> None:
         """``eventbus rebuild`` (its first run, maybe stopped early) or ``--resume``."""
@@ -710,7 +723,8 @@ class World:
                         new_calls=bool(self.rebuild_flags.get("new_calls")))
         clock = InstanceClock(self.clock, actor.offset)
         processor = ReplayProcessor(store, self.router, SETTINGS, clock, replay,
-                                    sleep=self.scheduler.sleep, monotonic=self.scheduler.now)
+                                    sleep=self.scheduler.sleep, monotonic=self.scheduler.now,
+                                    partners=self.partners(actor, clock))
         processor.heartbeat._background = False  # the scheduler beats it
         processor.handler_loop = SimHandlerLoop(self.scheduler, actor)  # type: ignore[assignment]
         actor.processor = processor
@@ -872,7 +886,8 @@ class World:
         for _ in range(8):
             self.scheduler.sleep(700.0, "interval")
             moved = Redriver(store, self.broker, SETTINGS, now=self.clock,
-                             locate=processor.locate).sweep().republished
+                             locate=processor.locate,
+                             partners=self.partner_store(settler)).sweep().republished
             moved += Relay(store, self.broker, now=self.clock, sleep=self.scheduler.sleep,
                            jitter=lambda: 0.5,
                            monotonic=self.scheduler.now).sweep(timedelta(seconds=1)).published

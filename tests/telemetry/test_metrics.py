@@ -18,6 +18,7 @@ from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock, LocalBus
 from tests.closing import app_closed_after_test, closed_after_test
+from tests.partner_stores import beside
 from tests.telemetry.support import Recorded, recorded
 
 ENTITY = {"partnerId": "p1", "partnerName": "Partner One", "entity_id": "e-1",
@@ -181,8 +182,8 @@ def test_breakers_and_parked_events_are_gauges_per_partner() -> None:
     from eventbus.settings import Settings
 
     bus, rec, _ = metered_bus(tracing=False)
-    rec.telemetry.observe(gauges.watching(bus.store))
-    group = Partners(bus.store, Settings(breaker_failures=2), now=bus.clock)
+    rec.telemetry.observe(gauges.watching(beside(bus.store)))
+    group = Partners.beside(bus.store, Settings(breaker_failures=2), now=bus.clock)
 
     def down() -> None:
         raise TransientError("503")

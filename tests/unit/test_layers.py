@@ -47,17 +47,8 @@ CORE = ("eventbus.model", "eventbus.settings", "eventbus.clock", "eventbus.store
 """The core: what a feature may build on and never the other way round. The edges
 (``assembly``, ``web``, ``workers``, ``ops``, ``testing``) put the two together."""
 KNOWN_CORE_IMPORTS_OF_FEATURES: dict[tuple[str, str], str] = {
-    ("eventbus/processor/pipeline.py", "eventbus.partners"):
-        "the processor builds its Partners and parks on their refusals (issue 41: "
-        "assembly is to hand them in)",
-    ("eventbus/store/memory.py", "eventbus.partners"):
-        "MemoryEventStore inherits the partner primitives (issue 41: their own store)",
-    ("eventbus/store/memory.py", "eventbus.partners.memory"):
-        "MemoryEventStore inherits the partner primitives (issue 41: their own store)",
     ("eventbus/store/memory.py", "eventbus.rebuild.memory"):
         "MemoryEventStore inherits the rebuild primitives (issue 41: their own store)",
-    ("eventbus/store/mongo.py", "eventbus.partners.mongo"):
-        "MongoEventStore inherits the partner primitives (issue 41: their own store)",
     ("eventbus/store/mongo.py", "eventbus.rebuild.mongo"):
         "MongoEventStore inherits the rebuild primitives (issue 41: their own store)",
 }
@@ -101,7 +92,7 @@ WORKERS_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.bas
 PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.base",
                         "eventbus.clock", "eventbus.store.documents", "eventbus.store",
                         "eventbus.guard", "eventbus.correlation", "eventbus.processor",
-                        "eventbus.partners", "eventbus._moved")
+                        "eventbus._moved")
 TELEMETRY_MAY_IMPORT = ("eventbus.settings", "eventbus.correlation", "eventbus.model",
                         "eventbus.processor", "eventbus.telemetry", "opentelemetry",
                         "prometheus_client", "eventbus._moved")

@@ -33,7 +33,7 @@ from eventbus.store.memory import MemoryEventStore
 def test_cancels_during_the_bookkeeping_after_an_answer_keep_the_guards_result(
         cancels: int, monkeypatch: pytest.MonkeyPatch) -> None:
     store = MemoryEventStore()
-    partner = Partners(store, Settings()).get("acme")
+    partner = Partners.beside(store, Settings()).get("acme")
     guard = Guard(store, lease=timedelta(seconds=60), now=store.now)
     entered, gate = threading.Event(), threading.Event()
     finish = Partner.finish

@@ -51,7 +51,7 @@ def test_zero_means_no_cap_no_wait_and_no_slow_calls() -> None:
 def test_per_partner_caps_are_kept_under_stored_names() -> None:
     settings = Settings.from_env({"EVENTBUS_PARTNER_CONCURRENCY": "4",
                                   "EVENTBUS_PARTNER_CONCURRENCIES": "sha256:x=1"})
-    group = Partners(MemoryEventStore(), settings)
+    group = Partners.beside(MemoryEventStore(), settings)
     stored = group.get("sha256:x").name  # normalised once, as every lookup is
     assert stored != "sha256:x" and group.concurrency(stored) == 1
     assert group.concurrency("acme") == 4

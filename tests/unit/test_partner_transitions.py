@@ -26,6 +26,7 @@ from eventbus.settings import Settings, SettingsError
 from eventbus.store.memory import MemoryEventStore
 from eventbus.testing import FakeClock
 from tests.hypothesis_profiles import examples
+from tests.partner_stores import beside
 
 SETTINGS = Settings(breaker_failures=2, breaker_open_seconds=5, breaker_open_cap_seconds=12,
                     breaker_probe_seconds=3)
@@ -55,7 +56,7 @@ def may_call(state: BreakerState, now: dt.datetime) -> bool:
 
 
 def attempt(group: Partners, store: MemoryEventStore, clock: FakeClock, step: str) -> None:
-    before, called = BreakerState.from_document(store.breaker_get("acme")), []
+    before, called = BreakerState.from_document(beside(store).breaker_get("acme")), []
 
     def effect() -> None:
         called.append(step)
@@ -82,7 +83,7 @@ def test_no_sequence_leaves_a_partner_open_forever_or_calls_it_while_open(
     skews = itertools.cycle([SKEW, -SKEW])
 
     def instance() -> Partners:
-        return Partners(store, SETTINGS, now=FakeClock(clock() + next(skews)),
+        return Partners.beside(store, SETTINGS, now=FakeClock(clock() + next(skews)),
                         sleep=clock.advance)
 
     group = instance()
@@ -95,7 +96,7 @@ def test_no_sequence_leaves_a_partner_open_forever_or_calls_it_while_open(
             attempt(group, store, clock, step)
     clock.advance(SETTINGS.breaker_open_cap_seconds + SETTINGS.breaker_probe_seconds)
     assert group.get("acme").call(lambda: "through") == "through"
-    assert BreakerState.from_document(store.breaker_get("acme")).state == CLOSED
+    assert BreakerState.from_document(beside(store).breaker_get("acme")).state == CLOSED
 
 
 @given(st.text(max_size=300) | st.binary(max_size=50).map(lambda raw: raw.decode("latin-1")))
@@ -118,19 +119,19 @@ def test_the_call_path_stores_a_breaker_and_parks_under_one_normalisation(name: 
     # The name was normalised by Partners.get and again by Partner: a hashed name
     # (anything unusual) opened its breaker under the hash of its hash.
     store = MemoryEventStore(clock=FakeClock(dt.datetime(2026, 11, 22, tzinfo=dt.UTC)))
-    group = Partners(store, SETTINGS)
+    group = Partners.beside(store, SETTINGS)
     for _ in range(SETTINGS.breaker_failures):
         with contextlib.suppress(TransientError, BreakerOpen):
             group.get(name).call(_down)
     assert group.get(name).name == partner_name(name)
-    assert [doc["name"] for doc in store.breakers()] == [partner_name(name)]
+    assert [doc["name"] for doc in beside(store).breakers()] == [partner_name(name)]
     with contextlib.suppress(BreakerOpen):
         group.get(name).call(_down)
         raise AssertionError("the open breaker let a call through")
 
 
 def test_a_partners_own_rate_is_found_under_its_stored_name() -> None:
-    rates = Partners(MemoryEventStore(), Settings(partner_rate=5.0,
+    rates = Partners.beside(MemoryEventStore(), Settings(partner_rate=5.0,
                                                   partner_rates=(("a\x00b", 0.5),)))
     assert rates.rate(rates.get("a\x00b").name) == 0.5 and rates.rate("other") == 5.0
 
@@ -149,7 +150,7 @@ def test_a_rate_of_zero_means_no_limit_globally_and_per_partner() -> None:
                                   "EVENTBUS_PARTNER_RATE_WAIT_SECONDS": "0.001"})
     assert settings.partner_rates == (("free", 0.0), ("slow", 0.5))
     clock = FakeClock(dt.datetime(2026, 11, 22, tzinfo=dt.UTC))
-    group = Partners(MemoryEventStore(clock=clock), settings, now=clock)
+    group = Partners.beside(MemoryEventStore(clock=clock), settings, now=clock)
     assert [group.get("free").call(lambda n=n: n) for n in range(50)] == list(range(50))
     group.get("other").call(lambda: None)
     with pytest.raises(RateLimited):  # the global rate still holds for the others

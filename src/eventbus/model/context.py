@@ -101,7 +101,8 @@ class Context:
         ``BreakerOpen`` (``RateLimited``) and the event is parked, not retried.
         """
         if self.partners is None:
-            raise RuntimeError("this context has no partners (built outside a processor)")
+            raise RuntimeError("this processor has no partners: build it with eventbus.assembly "
+                               "(create_app, create_worker, LocalBus) or pass partners=")
         return self.partners.get(name)
 
     def emit(self, event_type: str, data: Mapping[str, Any], *,

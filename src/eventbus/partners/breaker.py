@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from eventbus.partners.slow_calls import SlowPolicy, Tally
 
 if TYPE_CHECKING:
+    from eventbus.partners.store import PartnerStore
     from eventbus.settings import Settings
-    from eventbus.store.base import PartnerStore
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 MAX_NAME = 100

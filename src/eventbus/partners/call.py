@@ -85,7 +85,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from eventbus.model.errors import (
     BreakerOpen,
@@ -113,8 +113,9 @@ from eventbus.partners.breaker import (
 from eventbus.partners.bulkhead import Bulkhead, Full
 from eventbus.partners.documents import RateLimit
 from eventbus.partners.slow_calls import CallWindow, Tally
+from eventbus.partners.store import PartnerStore, store_beside
 from eventbus.settings import Settings
-from eventbus.store.base import PartnerStore
+from eventbus.store.base import ParkedEvents
 
 logger = logging.getLogger("eventbus.partners")
 
@@ -375,6 +376,14 @@ class Partners:
         self._local: dict[str, Local] = {}
         self._lock = threading.Lock()
 
+
+    @classmethod
+    def beside(cls, events: ParkedEvents, settings: Settings, **options: Any) -> Partners:
+        """Return the partners over the partners' store beside ``events`` (``store_beside``).
+
+        ``options`` are ``Partners``' own (``now``, ``classifier``, ``sleep``, ``monotonic``).
+        """
+        return cls(store_beside(events, settings), settings, **options)
     def get(self, name: object) -> Partner:
         """Return partner ``name`` (any text), under its stored name: the one normalisation."""
         return Partner(partner_name(name), self)

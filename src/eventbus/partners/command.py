@@ -10,6 +10,7 @@ from typing import Any
 
 from eventbus.ops.commands.common import Tools, UsageError, add_json
 from eventbus.ops.render import safe, table
+from eventbus.partners.store import store_beside
 from eventbus.partners.view import PartnerView, SteerError, describe, steer, views
 
 
@@ -34,7 +35,7 @@ def cmd_list(args: argparse.Namespace, tools: Tools) -> int:
     Calls in flight are each process's own (its bulkhead): this command runs in
     none of the service's processes, so it says so instead of showing 0.
     """
-    found = views(tools.store(), tools.settings, tools.now())
+    found = views(store_beside(tools.store(), tools.settings), tools.settings, tools.now())
     rows = [_row(view) for view in found]
     headers = ["partner", "breaker", "opened because", "failures", "last error", "slow calls",
                "parked", "rate/s", "bulkhead"]
@@ -71,7 +72,8 @@ def cmd_steer(args: argparse.Namespace, tools: Tools) -> int:
         raise UsageError("--why must say why (it is kept in the audit entry)")
     hold_open, now = args.action == "open", tools.now()
     try:
-        after = steer(tools.store(), args.name, hold_open=hold_open, why=args.why,
+        store = store_beside(tools.store(), tools.settings)
+        after = steer(store, args.name, hold_open=hold_open, why=args.why,
                       by=tools.ops.operator, now=now, settings=tools.settings)
     except SteerError as exc:
         print(f"eventbus: {exc}", file=tools.err)

@@ -23,32 +23,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from eventbus.clock import bson_time
-from eventbus.model.status import Status
+from eventbus.store.documents.parked import PARKED, is_parked, parked_filter, parks
 
-FAILED = Status.FAILED.value
+__all__ = ["PARKED", "is_parked", "parked_filter", "parks"]  # parked events: the core's
 
-PARKED = "parked"
-"""The ``error.classification`` of a parked event."""
 BREAKER = "breaker"
 RATE = "rate"
-
-
-def parks(record: Mapping[str, Any] | None) -> int:
-    """Return how many times ``record`` was parked (0 for None or a record never parked)."""
-    count = (record or {}).get("parks")
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
-
-
-def is_parked(record: Mapping[str, Any]) -> bool:
-    """Return True when ``record`` is FAILED-retryable and parked."""
-    error = record.get("error")
-    return record.get("event_status") == FAILED and record.get("retryable") is True and \
-        isinstance(error, Mapping) and error.get("classification") == PARKED
-
-
-def parked_filter() -> dict[str, Any]:
-    """Return the filter of parked records (``is_parked``'s server form)."""
-    return {"event_status": FAILED, "retryable": True, "error.classification": PARKED}
 
 
 def breaker_id(name: str) -> str:

@@ -1,14 +1,13 @@
-"""Breakers and token buckets in memory: a mixin that ``MemoryEventStore`` inherits.
+"""Breakers and token buckets in memory: ``MemoryPartnerStore``, beside a memory event store.
 
 The same documents as ``eventbus.partners.mongo`` (``eventbus.partners.documents``),
-in a dict behind the store's lock.
+in a dict behind this store's own lock; its clock is the event store's, and the
+parked events are the event store's to count and bring back.
 """
 
 from __future__ import annotations
 
 import copy
-import threading
-from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -20,25 +19,31 @@ from eventbus.partners.documents import (
     RateTake,
     breaker_document,
     breaker_id,
-    is_parked,
     rate_document,
     rate_id,
     rate_step,
 )
 from eventbus.store.base import Record
 
+if TYPE_CHECKING:
+    from eventbus.store.memory import MemoryEventStore
 
-class MemoryPartnersMixin:
-    """``breaker_get``, ``breaker_swap``, ``breakers``, ``rate_take``, ``parked_counts``."""
 
-    _events: dict[str, Record]
-    _lock: threading.RLock
-    _partners: dict[str, Record]
+class MemoryPartnerStore:
+    """``PartnerStore`` in memory: breakers and buckets in ``events``' collection ``name``
+    (``MemoryEventStore.memory_collection``: every store beside it shares them), parked
+    events in ``events``."""
 
-    if TYPE_CHECKING:  # provided by MemoryEventStore
-        def now(self) -> datetime:
-            """The store's clock."""
-            ...
+    def __init__(self, events: MemoryEventStore, name: str = "partners") -> None:
+        collection = events.memory_collection(name)
+        self._events, self._lock, self._partners = events, collection.lock, collection.documents
+
+    def now(self) -> datetime:
+        """The event store's clock."""
+        return self._events.now()
+
+    def ensure_indexes(self) -> None:
+        """Nothing to prepare in memory."""
 
     def breaker_get(self, name: str) -> Record | None:
         """Return the breaker document of ``name``, or None."""
@@ -70,24 +75,12 @@ class MemoryPartnersMixin:
             return take
 
     def parked_counts(self) -> dict[str, int]:
-        """Return partner → number of parked events."""
-        with self._lock:
-            return dict(Counter(str(record["error"].get("partner"))
-                                for record in self._events.values() if is_parked(record)))
+        """Return partner → number of parked events (the event store's count)."""
+        return self._events.parked_counts()
 
     def unpark(self, name: str, now: datetime) -> int:
-        """Make every event parked for ``name`` due for the redrive now; return how many."""
-        with self._lock:
-            return _unpark(self._events, name, now)
-
-
-def _unpark(records: dict[str, Record], name: str, now: datetime) -> int:
-    moved = 0
-    for record in records.values():
-        if is_parked(record) and record["error"].get("partner") == name:
-            record["redrive_at"] = bson_time(now)
-            moved += 1
-    return moved
+        """Make every event parked for ``name`` due for the redrive now (the event store)."""
+        return self._events.unpark(name, now)
 
 
 def _stored(document: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,35 +1,40 @@
-"""Breakers and token buckets on MongoDB: a mixin that ``MongoEventStore`` inherits.
+"""Breakers and token buckets on MongoDB: ``MongoPartnerStore``, beside a ``MongoEventStore``.
 
 One collection (``Settings.partner_collection``) holds both kinds of
 document (``eventbus.partners.documents``). Every write is one
 single-document operation: a breaker moves by compare-and-swap on its
 ``version``, a partner's token bucket by one upserted update pipeline decided
-on the server's clock (``$$NOW``).
+on the server's clock (``$$NOW``). The store shares the event store's database,
+client and clock (``MongoPartnerStore.beside``); the parked events are stored events,
+so the event store counts them and brings them back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
-from eventbus.clock import Shift, bson_time, store_now
+from eventbus.clock import Shift, store_now
 from eventbus.partners.documents import (
     BREAKER,
     RateLimit,
     RateTake,
     breaker_document,
     breaker_id,
-    parked_filter,
     rate_id,
     rate_pipeline,
     rate_result,
 )
-from eventbus.store.base import Record
+from eventbus.settings import Settings
+from eventbus.store.base import ParkedEvents, Record
+
+if TYPE_CHECKING:
+    from eventbus.store.mongo import MongoEventStore
 from eventbus.store.mongo_errors import unavailable as _unavailable
 
 PARTNER_INDEXES = (IndexModel([("expire_at", ASCENDING)], name="expire_at_1",
@@ -38,14 +43,23 @@ PARTNER_INDEXES = (IndexModel([("expire_at", ASCENDING)], name="expire_at_1",
 """The partners collection's indexes: full token buckets expire; breakers are listed by kind."""
 
 
-class MongoPartnersMixin:
-    """``breaker_get``, ``breaker_swap``, ``breakers``, ``rate_take``, ``parked_counts``."""
+class MongoPartnerStore:
+    """``PartnerStore`` on MongoDB: breakers and buckets in ``collection``, parked events in
+    ``events``; ``shift`` is the event store's clock shift (tests), for ``$$NOW``."""
 
-    _collection: Collection
-    _partners: Collection
-    _shift: Shift
+    def __init__(self, collection: Collection, events: ParkedEvents, shift: Shift) -> None:
+        self._partners, self._events, self._shift = collection, events, shift
 
-    def ensure_partner_indexes(self) -> None:
+    @classmethod
+    def beside(cls, events: MongoEventStore, settings: Settings) -> MongoPartnerStore:
+        """Return the partners' store on ``events``' database (``Settings.partner_collection``)."""
+        return cls(events.database[settings.partner_collection], events, events.shift)
+
+    def now(self) -> datetime:
+        """The event store's clock (the server's)."""
+        return self._events.now()
+
+    def ensure_indexes(self) -> None:
         """Create the partners collection's indexes (``PARTNER_INDEXES``)."""
         with _unavailable("create indexes on", self._partners.name):
             self._partners.create_indexes(list(PARTNER_INDEXES))
@@ -96,16 +110,9 @@ class MongoPartnersMixin:
         return rate_result(after)
 
     def parked_counts(self) -> dict[str, int]:
-        """Return partner → number of parked events."""
-        pipeline = [{"$match": parked_filter()},
-                    {"$group": {"_id": "$error.partner", "n": {"$sum": 1}}}]
-        with _unavailable("count", "parked"):
-            rows = list(self._collection.aggregate(pipeline))
-        return {str(row["_id"]): int(row["n"]) for row in rows}
+        """Return partner → number of parked events (the event store's count)."""
+        return self._events.parked_counts()
 
     def unpark(self, name: str, now: datetime) -> int:
-        """Make every event parked for ``name`` due for the redrive now; return how many."""
-        with _unavailable("unpark", name):
-            done = self._collection.update_many({**parked_filter(), "error.partner": name},
-                                                {"$set": {"redrive_at": bson_time(now)}})
-        return int(done.modified_count)
+        """Make every event parked for ``name`` due for the redrive now (the event store)."""
+        return self._events.unpark(name, now)

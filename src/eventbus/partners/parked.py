@@ -18,8 +18,8 @@ from typing import Any
 
 from eventbus.partners.breaker import CLOSED, BreakerState, Policy, admit
 from eventbus.partners.documents import is_parked
+from eventbus.partners.store import PartnerStore
 from eventbus.settings import Settings
-from eventbus.store.base import PartnerStore
 
 ALL, ONE, NONE = "all", "one", "none"
 

@@ -35,6 +35,7 @@ from eventbus.partners.breaker import (
     swap,
 )
 from eventbus.partners.call import Partners
+from eventbus.partners.store import PartnerStore
 from eventbus.settings import Settings
 
 logger = logging.getLogger("eventbus.ops")
@@ -78,7 +79,7 @@ class PartnerView:
         return dataclasses.asdict(self)
 
 
-def views(store: Any, settings: Settings, now: datetime,
+def views(store: PartnerStore, settings: Settings, now: datetime,
           local: Partners | None = None) -> list[PartnerView]:
     """Return every partner with a breaker, parked events, a rate or a cap of its own, by name.
 
@@ -118,7 +119,7 @@ def describe(state: BreakerState, now: datetime) -> tuple[str, datetime | None, 
     return CLOSED, None, "closed"
 
 
-def stored_name(store: Any, name: str, settings: Settings | None = None) -> str:
+def stored_name(store: PartnerStore, name: str, settings: Settings | None = None) -> str:
     """Return the stored name an operator means by ``name``: as listed, else as raw.
 
     A name that normalises to itself is both. Otherwise ``name`` is the
@@ -135,7 +136,7 @@ def stored_name(store: Any, name: str, settings: Settings | None = None) -> str:
     return name if listed else stored
 
 
-def steer(store: Any, name: str, *, hold_open: bool, why: str, by: str,
+def steer(store: PartnerStore, name: str, *, hold_open: bool, why: str, by: str,
           now: datetime, settings: Settings | None = None) -> BreakerState:
     """Hold partner ``name``'s breaker open, or close it (and bring its parked events back).
 

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
@@ -51,8 +51,6 @@ from eventbus.model.errors import (
 )
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
-from eventbus.partners import Partners
-from eventbus.partners import documents as partner_documents
 from eventbus.processor.handler_loop import HandlerLoop
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
@@ -70,6 +68,10 @@ from eventbus.store.base import (
     Finished,
     ProcessorStore,
 )
+from eventbus.store.documents import parked as parking
+
+if TYPE_CHECKING:  # handed in by eventbus.assembly: the core never imports a feature
+    from eventbus.partners import Partners
 
 logger = logging.getLogger("eventbus")
 
@@ -118,7 +120,8 @@ class Processor:
                  classifier: Classifier | None = None, heartbeat: Heartbeat | None = None,
                  middleware: Sequence[Middleware] = (), concurrency: int = 1,
                  sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 partners: Partners | None = None) -> None:
         self.store, self.router, self.settings, self.now = store, router, settings, now
         router.check()  # a forward of an internal or unhandled type stops the app here
         self.after_success, self.middleware = after_success, tuple(middleware)
@@ -129,8 +132,9 @@ class Processor:
         # fake clock, the simulation's virtual time), as the lanes and partners do.
         self.guard = Guard(store, lease=store.lease, now=now, keep=self.heartbeat.guarding,
                            sleep=sleep, monotonic=monotonic)
-        self.partners = Partners(store, settings, now=now, classifier=self.classifier,
-                                 sleep=sleep, monotonic=monotonic)
+        self.partners = partners
+        """What ``context.partner`` calls through (``eventbus.assembly.partners_of`` builds
+        them); None: a handler's ``context.partner`` raises, saying so."""
         self.intake, self.rejections = Intake(store, router), Rejections(store, now)
         self.lanes = Lanes(store, now, settings.order_wait_seconds, sleep=sleep,
                            redrive_after=timedelta(seconds=settings.redrive_after_seconds),
@@ -141,6 +145,12 @@ class Processor:
         self.handler_loop = HandlerLoop(settings.async_concurrency,
                                         block_warning=settings.async_block_warning_seconds)
         """Where ``async def`` handlers run: one loop, started with the first of them."""
+
+    def ensure_indexes(self) -> None:
+        """Prepare the store and the partners' store it was handed (their indexes)."""
+        self.store.ensure_indexes()
+        if self.partners is not None:
+            self.partners.store.ensure_indexes()
 
     def locate(self, delivery: Delivery) -> Located:
         """Return the key and record fields ``delivery`` gets (see ``Intake.locate``)."""
@@ -508,7 +518,7 @@ class Processor:
         assert item.claim is not None
         since = item.claim.record.get("replayed_at_attempt", 0)
         since = since if isinstance(since, int) and not isinstance(since, bool) else 0
-        return item.claim.attempt - since - partner_documents.parks(item.claim.record)
+        return item.claim.attempt - since - parking.parks(item.claim.record)
 
     def _context(self, item: Item) -> Context:
         located, claim = item.located, item.claim
@@ -582,9 +592,9 @@ class Processor:
         # the subscription's success rate (every partner's push rate) holds;
         # the redrive brings it back at ``until``.
         assert item.claim is not None
-        error = {**documents.error_document(exc, partner_documents.PARKED),
+        error = {**documents.error_document(exc, parking.PARKED),
                  "partner": paused.partner, "until": paused.until,
-                 "parks": partner_documents.parks(item.claim.record) + 1}
+                 "parks": parking.parks(item.claim.record) + 1}
         finish = Finish(item.key, item.claim.owner, error=error, retryable=True,
                         redrive_at=paused.until, parked=True)
         return Pending(finish, Result(Outcome.PARKED, key=item.key, event_type=item.event_type,

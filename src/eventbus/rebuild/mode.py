@@ -49,6 +49,7 @@ call made in production; a rebuild that meets it again (``--resume``, or
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -63,6 +64,7 @@ from eventbus.model.outcome import Outcome
 from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
 from eventbus.model.status import Status
+from eventbus.partners import Partners
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.ordering import Lane, stale_pending
 from eventbus.processor.pipeline import Clock, Processor
@@ -76,6 +78,7 @@ from eventbus.store.base import (
     EntityRelease,
     Finish,
     Finished,
+    ParkedEvents,
     ProcessorStore,
     RebuildStore,
     Record,
@@ -86,7 +89,7 @@ ARCHIVE_FORM = "archive"
 named here because the processor never imports the operator tools)."""
 
 
-class ReplayStore(ProcessorStore, RebuildStore, Protocol):
+class ReplayStore(ProcessorStore, RebuildStore, ParkedEvents, Protocol):
     """What the processor uses in replay mode: its own primitives and the rebuild's."""
 
 
@@ -139,13 +142,18 @@ class ReplayProcessor(Processor):
     def __init__(self, store: ReplayStore, router: Router, settings: Settings, now: Clock,
                  replay: Replay, **options: Any) -> None:
         self._leases = _RebuildLeases(store)
+        if options.get("partners") is None:  # a handler's calls go through the service's own
+            options["partners"] = Partners.beside(
+                store, settings, now=now, classifier=options.get("classifier"),
+                sleep=options.get("sleep", time.sleep),
+                monotonic=options.get("monotonic", time.monotonic))
         super().__init__(store, router, settings, now,
                          heartbeat=Heartbeat(self._leases, now=now), **options)
         self.rebuilds, self.replay = store, replay
         self.guard = ReplayGuard(store, lease=store.lease, now=now,
                                  keep=self.heartbeat.guarding, new_calls=replay.new_calls,
                                  sleep=self.guard.sleep, monotonic=self.guard.monotonic)
-        if not replay.new_calls:
+        if not replay.new_calls and self.partners is not None:
             self.partners.refused = "a rebuild makes it only with --allow-new-calls"
         self._records: dict[int, Record | None] = {}
         self._asked_new: set[str] = set()

@@ -28,12 +28,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from eventbus.model.errors import AlreadyExists, ContentRejected
-
-if TYPE_CHECKING:  # the partners' documents, named by PartnerStore's signatures only
-    from eventbus.partners.documents import RateLimit, RateTake
 
 Record = dict[str, Any]
 """A stored document, as the seed schema names its fields."""
@@ -242,37 +239,9 @@ class GuardStore(Clocked, Protocol):
         ...
 
 
-class PartnerStore(Clocked, Protocol):
-    """What partners use: breakers, shared rates and parked events (``eventbus.partners``)."""
-
-    def breaker_get(self, name: str) -> Record | None:
-        """Return the breaker document of partner ``name`` (``version`` included), or None."""
-        ...
-
-    def breaker_swap(self, name: str, version: int, document: Mapping[str, Any]) -> bool:
-        """Store ``document`` as ``name``'s breaker if its version is still ``version``.
-
-        Version 0 means "no document yet"; the stored one gets ``version + 1``.
-        False when another instance changed it first (read again and retry).
-        One single-document write, so every instance shares one breaker.
-        """
-        ...
-
-    def breakers(self) -> list[Record]:
-        """Return every breaker document, by name."""
-        ...
-
-    def rate_take(self, name: str, limit: RateLimit, max_wait: timedelta) -> RateTake:
-        """Take a token of partner ``name``'s shared bucket, decided on the store's clock.
-
-        One atomic single-document write, one round trip (GCRA:
-        ``documents.partner_documents.rate_step``). ``taken``: the call may go at
-        ``until`` (now, or at most ``max_wait`` later; the token is reserved
-        for it). Not taken: nothing was spent, and ``until`` is when the next
-        token is free. No caller's clock takes part, so callers whose clocks
-        differ get the same answers.
-        """
-        ...
+class ParkedEvents(Clocked, Protocol):
+    """What the store answers about parked events (FAILED-retryable, waiting for a partner):
+    the partners' store asks it (``eventbus.partners.store``), and the redrive's gate."""
 
     def parked_counts(self) -> dict[str, int]:
         """Return partner → how many events are parked for it (FAILED-retryable, parked)."""
@@ -286,10 +255,10 @@ class PartnerStore(Clocked, Protocol):
         ...
 
 
-class ProcessorStore(RenewingStore, GuardStore, PartnerStore, Protocol):
+class ProcessorStore(RenewingStore, GuardStore, Protocol):
     """What the processor uses (``eventbus.processor``): the idempotency state machine, its
     batches and entity holds (whose claims rely on the key's unique index: ``ensure_indexes``);
-    it hands the same store to its heartbeat, guard and partners."""
+    it hands the same store to its heartbeat and guard."""
 
     def ensure_indexes(self) -> None:
         """Prepare the store (indexes); a no-op when it is ready."""
@@ -399,9 +368,9 @@ class OutboxStore(Clocked, Protocol):
         ...
 
 
-class RedriveStore(PartnerStore, Protocol):
-    """What the store-driven redrive uses (``eventbus.workers.redrive``): its records, and
-    the partners' breakers, since a parked event waits for its partner."""
+class RedriveStore(ParkedEvents, Protocol):
+    """What the store-driven redrive uses (``eventbus.workers.redrive``): its records and
+    their parked counts (the partners' breakers come from their own store)."""
 
     def redrivable(self, limit: int, exclude: Collection[str] = ()) -> list[Record]:
         """Return up to ``limit`` records due for a redrive on the store's clock
@@ -481,7 +450,7 @@ class RebuildStore(Clocked, Protocol):
 
 
 class EventStore(ProcessorStore, OutboxStore, RedriveStore, RebuildStore, Protocol):
-    """Every primitive on stored events, their outboxes, guarded effects and partners.
+    """Every primitive on stored events, their outboxes and guarded effects.
 
     Only the composition root (``eventbus.assembly``, ``eventbus.web.app``, the
     commands) holds the whole store; each layer takes the protocol of what it uses.

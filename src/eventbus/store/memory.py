@@ -15,19 +15,20 @@ projections.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from eventbus.clock import Now, lease_end, utcnow
 from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
-from eventbus.partners import documents as partner_documents
-from eventbus.partners.memory import MemoryPartnersMixin
 from eventbus.rebuild.memory import MemoryRebuildMixin
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.documents import parked as parking
 from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
 
@@ -41,8 +42,20 @@ def _keep_rejection(record: Record) -> None:
         record.pop(name, None)
 
 
-class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixin,
-                       MemoryRebuildMixin):
+@dataclasses.dataclass
+class MemoryCollection:
+    """A feature's documents in a memory database, by ``_id``, behind their own lock."""
+
+    documents: dict[str, Record] = dataclasses.field(default_factory=dict)
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
+
+    def clear(self) -> None:
+        """Forget every document."""
+        with self.lock:
+            self.documents.clear()
+
+
+class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryRebuildMixin):
     """The store primitives on a dict; safe to share between threads."""
 
     def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",
@@ -51,12 +64,12 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         self._clock = clock
         self._events: dict[str, Record] = {}
         self._guards: dict[str, Record] = {}
-        self._partners: dict[str, Record] = {}
         self._rebuilds: dict[str, Record] = {}
         self._rebuild_plans: dict[str, list[Record]] = {}
         self._lock = threading.RLock()
         self._lease, self._created_by, self._retention = lease, created_by, retention
         self._database = database
+        self._collections: dict[str, MemoryCollection] = {}
 
     @property
     def lease(self) -> timedelta:
@@ -79,6 +92,17 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
 
     def ensure_indexes(self) -> None:
         """Nothing to prepare in memory."""
+
+    def memory_collection(self, name: str) -> MemoryCollection:
+        """Return the feature collection ``name`` of this in-memory database, made on first use.
+
+        A feature's memory store (``eventbus.partners.memory``...) keeps its documents
+        here, as its MongoDB store keeps them in a collection of the events' database:
+        every store built beside this one sees the same documents, and ``reset``
+        forgets them with the events.
+        """
+        with self._lock:
+            return self._collections.setdefault(name, MemoryCollection())
 
     def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
         """Take the lease on ``key``, or raise ``AlreadyExists`` with the unchanged record."""
@@ -193,7 +217,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
             record.pop("lease_until", None)
             record.pop("lease_owner", None)
             if parked:
-                record[documents.PARKS] = partner_documents.parks(record) + 1
+                record[documents.PARKS] = parking.parks(record) + 1
         return True
 
     def renew(self, key: str, owner: str, now: datetime) -> bool:
@@ -315,6 +339,22 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         with self._lock:
             return [copy.deepcopy(self._events[key]) for key in keys if key in self._events]
 
+    def parked_counts(self) -> dict[str, int]:
+        """Return partner → number of parked events."""
+        with self._lock:
+            return dict(Counter(str(record["error"].get("partner"))
+                                for record in self._events.values() if parking.is_parked(record)))
+
+    def unpark(self, name: str, now: datetime) -> int:
+        """Make every event parked for ``name`` due for the redrive now; return how many."""
+        moved = 0
+        with self._lock:
+            for record in self._events.values():
+                if parking.is_parked(record) and record["error"].get("partner") == name:
+                    record["redrive_at"] = documents.bson_time(now)
+                    moved += 1
+        return moved
+
     def forget_guards(self) -> None:
         """Forget every guard record, as the server's TTL index does once they outlive their
         retention (this store keeps them until asked): a call whose record is gone."""
@@ -326,9 +366,10 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryPartnersMixi
         with self._lock:
             self._events.clear()
             self._guards.clear()
-            self._partners.clear()
             self._rebuilds.clear()
             self._rebuild_plans.clear()
+            for collection in self._collections.values():
+                collection.clear()
 
     def oldest_pending_outbox(self) -> datetime | None:
         """Return when the oldest PENDING outbox entry was created; None when none is."""

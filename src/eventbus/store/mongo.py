@@ -33,11 +33,11 @@ from eventbus.model.errors import (
     Conflict,
     LeaseHeld,
 )
-from eventbus.partners.mongo import MongoPartnersMixin
 from eventbus.rebuild.mongo import MongoRebuildMixin
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
+from eventbus.store.documents import parked as parking
 from eventbus.store.mongo_batch import MongoBatchMixin
 from eventbus.store.mongo_errors import unavailable as _unavailable
 from eventbus.store.mongo_ops import MongoOperatorMixin
@@ -65,19 +65,18 @@ OUTBOX_INDEX = "outbox.status_1"
 """The outbox sweep's index, one of ``INDEXES``."""
 
 
-class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin, MongoRebuildMixin):
+class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoRebuildMixin):
     """The storage primitives of the idempotency state machine, on one collection."""
 
     def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,
                  lease: timedelta, guard_collection: str = "side_effects",
                  round_trips: RoundTrips | None = None,
-                 partner_collection: str = "partners", shift: Shift | None = None,
+                 shift: Shift | None = None,
                  rebuild_collection: str = "rebuilds") -> None:
         self._collection = collection
         self._shift = shift or Shift()
         self._clock = ServerClock(self._server_time, shift=self._shift)
         self._guards: Collection = collection.database[guard_collection]
-        self._partners: Collection = collection.database[partner_collection]
         self._rebuilds: Collection = collection.database[rebuild_collection]
         self._created_by = created_by
         self._retention = retention
@@ -103,7 +102,7 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin, M
                    retention=timedelta(days=settings.retention_days),
                    lease=timedelta(seconds=settings.lease_seconds),
                    guard_collection=settings.guard_collection, round_trips=counter,
-                   partner_collection=settings.partner_collection, shift=shift,
+                   shift=shift,
                    rebuild_collection=settings.rebuild_collection)
 
     @property
@@ -137,6 +136,26 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin, M
         """The store's clock: the server's, as last read, plus monotonic time since."""
         return self._clock()
 
+    @property
+    def shift(self) -> Shift:
+        """How far this store's clock is moved (tests), for the stores beside it to share."""
+        return self._shift
+
+    def parked_counts(self) -> dict[str, int]:
+        """Return partner → number of parked events."""
+        pipeline = [{"$match": parking.parked_filter()},
+                    {"$group": {"_id": "$error.partner", "n": {"$sum": 1}}}]
+        with _unavailable("count", "parked"):
+            rows = list(self._collection.aggregate(pipeline))
+        return {str(row["_id"]): int(row["n"]) for row in rows}
+
+    def unpark(self, name: str, now: datetime) -> int:
+        """Make every event parked for ``name`` due for the redrive now; return how many."""
+        with _unavailable("unpark", name):
+            done = self._collection.update_many({**parking.parked_filter(), "error.partner": name},
+                                                {"$set": {"redrive_at": documents.bson_time(now)}})
+        return int(done.modified_count)
+
     def _server_time(self) -> datetime:
         with _unavailable("read the clock of", self._collection.name):
             moment = self._collection.database.client.admin.command("hello")["localTime"]
@@ -146,7 +165,6 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoPartnersMixin, M
         """Create the collection's indexes; a no-op when they already exist."""
         with _unavailable("create indexes on", self._collection.name):
             self._collection.create_indexes(list(INDEXES))
-        self.ensure_partner_indexes()
 
     def claim(self, key: str, fields: Mapping[str, Any], now: datetime) -> Claim:
         """Take the lease on ``key`` in one round trip, or raise ``AlreadyExists``.

@@ -115,7 +115,7 @@ class PushService:
         """Create the collection's indexes once; False while the store is unreachable."""
         if not self._indexed:
             try:
-                self.store.ensure_indexes()
+                self.processor.ensure_indexes()
                 self._indexed = True
             except StoreUnavailable as exc:
                 logger.warning("indexes not ensured yet: %s", exc)

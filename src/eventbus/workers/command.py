@@ -96,7 +96,7 @@ def check_store(worker: PullWorker) -> None:
     worker that started on an empty database must create it before pulling.
     """
     try:
-        worker.processor.store.ensure_indexes()
+        worker.processor.ensure_indexes()
     except StoreUnavailable as exc:
         raise SettingsError(f"the store is unreachable: {exc}") from None
 

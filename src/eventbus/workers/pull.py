@@ -250,7 +250,7 @@ def create_worker(router: Router, settings: Settings | None = None,
                      classifier=classifier, telemetry=telemetry, concurrency=concurrency,
                      middleware=[metrics])
     try:  # as the app does: the batch claim relies on the key's unique index
-        parts.store.ensure_indexes()
+        parts.processor.ensure_indexes()
     except StoreUnavailable as exc:
         logger.warning("indexes not ensured yet: %s", exc)
     return PullWorker(parts.processor, Inbox(), subscription=subscription,

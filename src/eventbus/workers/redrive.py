@@ -30,12 +30,13 @@ from typing import Any
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import PublishError
 from eventbus.model.status import Status
-from eventbus.partners.documents import parks
 from eventbus.partners.parked import Gate
+from eventbus.partners.store import PartnerStore, store_beside
 from eventbus.processor import Located
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings
 from eventbus.store.base import RedriveStore
+from eventbus.store.documents.parked import parks
 from eventbus.workers.original import NotReplayable, build
 
 logger = logging.getLogger("eventbus.redrive")
@@ -73,10 +74,13 @@ class Redriver:
     """Publishes again the records the broker left behind; one ``sweep()`` is one pass."""
 
     def __init__(self, store: RedriveStore, publisher: MessagePublisher, settings: Settings, *,
-                 now: Callable[[], datetime], locate: Callable[[Delivery], Located]) -> None:
+                 now: Callable[[], datetime], locate: Callable[[Delivery], Located],
+                 partners: PartnerStore | None = None) -> None:
         self.store, self.publisher, self.settings = store, publisher, settings
         self.now, self.locate = now, locate
-        self._gate = Gate(store, settings, now())
+        self.partners = partners or store_beside(store, settings)
+        """The breakers a parked event waits for (the partners' store beside ``store``)."""
+        self._gate = Gate(self.partners, settings, now())
 
     def sweep(self, limit: int = 500) -> RedriveReport:
         """Redrive or give up every record that is due, at most ``limit`` of them.
@@ -88,7 +92,7 @@ class Redriver:
         # The store's clock: what is due, and when the next redrive is, are its to say.
         now = self.store.now()
         report, seen = RedriveReport(), set[str]()
-        self._gate = Gate(self.store, self.settings, now)
+        self._gate = Gate(self.partners, self.settings, now)
         while report.republished + report.abandoned < limit:
             page = self.store.redrivable(limit - report.republished - report.abandoned, seen)
             if not page:

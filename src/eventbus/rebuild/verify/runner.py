@@ -39,10 +39,16 @@ from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.model.status import Status
 from eventbus.ops.render import from_epoch_ms
+from eventbus.partners import Partners
 from eventbus.processor import Processor
 from eventbus.rebuild.verify.compare import Difference, Emits, Malformed, compare, emitted
 from eventbus.rebuild.verify.sample import BadInput
-from eventbus.rebuild.verify.sandbox import Lookups, SandboxStore, sandbox_databases
+from eventbus.rebuild.verify.sandbox import (
+    Lookups,
+    SandboxPartnerStore,
+    SandboxStore,
+    sandbox_databases,
+)
 from eventbus.settings import Settings
 from eventbus.testing import FakeClock
 from eventbus.workers.original import Message, NotReplayable, build
@@ -124,9 +130,12 @@ class Verifier:
         self.store = SandboxStore(lookups, clock=self.clock,
                                   databases=databases or sandbox_databases())
         # No after_success hook and no publisher: nothing the sandbox stores is sent.
-        self.processor = Processor(self.store, router, settings or Settings(relay_inline=False),
-                                   self.clock, sleep=self.clock.sleep,
-                                   monotonic=self.clock.monotonic)
+        settings = settings or Settings(relay_inline=False)
+        partners = Partners(SandboxPartnerStore(self.store), settings, now=self.clock,
+                            sleep=self.clock.sleep, monotonic=self.clock.monotonic)
+        self.processor = Processor(self.store, router, settings, self.clock,
+                                   sleep=self.clock.sleep, monotonic=self.clock.monotonic,
+                                   partners=partners)
         self._seen: set[str] = set()
 
     def verify(self, records: Iterable[Mapping[str, Any] | BadInput]) -> Iterator[Verdict]:

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from eventbus.partners import BreakerState, forced
+from eventbus.partners.memory import MemoryPartnerStore
 from eventbus.store.base import Record
 from eventbus.store.memory import MemoryEventStore
 
@@ -185,9 +186,19 @@ class SandboxStore(MemoryEventStore):
         self.stand_ins.append(key)
         return {"_id": key, "status": "SUCCESS", "result": dict(STAND_IN), "stand_in": True}
 
+
+
+class SandboxPartnerStore(MemoryPartnerStore):
+    """The sandbox's partners: every breaker held open, so a call outside the guard is
+    refused, not made; each one asked for is counted in ``SandboxStore.partner_calls``."""
+
+    def __init__(self, sandbox: SandboxStore) -> None:
+        super().__init__(sandbox)
+        self.sandbox = sandbox
+
     def breaker_get(self, name: str) -> Record | None:
-        """Every breaker held open: a partner call outside the guard is refused, not made."""
-        self.partner_calls.append(name)
+        """A breaker held open by the sandbox (never a stored one)."""
+        self.sandbox.partner_calls.append(name)
         held = forced(BreakerState(), self.now(), hold_open=True, by=SANDBOX,
                       why="verify never calls a partner")
         return held.to_document()

@@ -25,11 +25,12 @@ import dataclasses
 import secrets
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import flask
 
 from eventbus.ops.replay import Locator, routerless
+from eventbus.partners.store import PartnerStore, store_beside
 from eventbus.pubsub.message import MessagePublisher
 from eventbus.settings import Settings, SettingsError
 from eventbus.web.console.access import CertsFetcher
@@ -82,6 +83,12 @@ class Console:
     partners: Any = None
     """The service's own ``eventbus.partners.Partners`` when mounted in it (its process's
     calls in flight are shown); None in a console of its own."""
+
+    def partner_store(self) -> PartnerStore:
+        """The partners' store: the service's own when mounted, else the one beside ``store``."""
+        if self.partners is not None:
+            return cast(PartnerStore, self.partners.store)
+        return store_beside(self.store, self.settings)
 
 
 def create_console_app(store: Any, config: ConsoleConfig, *, settings: Settings | None = None,

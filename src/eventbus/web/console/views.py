@@ -184,8 +184,8 @@ def partners() -> str:
     (``eventbus partners``)."""
     app = console()
     return flask.render_template("partners.html", local=app.partners is not None,
-                                 partners=partner_view.views(app.store, app.settings, app.now(),
-                                                            app.partners))
+                                 partners=partner_view.views(app.partner_store(), app.settings,
+                                                             app.now(), app.partners))
 
 
 @blueprint.get("/rebuilds")
@@ -208,9 +208,9 @@ def steer_partner() -> Any:
     if action not in ("open", "close") or not why or not form.get("name"):
         return _refused(400, "say which partner, open or close, and why")
     try:
-        partner_view.steer(console().store, form["name"], hold_open=action == "open", why=why,
-                          by=str(flask.g.operator), now=console().now(),
-                          settings=console().settings)
+        partner_view.steer(console().partner_store(), form["name"], hold_open=action == "open",
+                           why=why, by=str(flask.g.operator), now=console().now(),
+                           settings=console().settings)
     except partner_view.SteerError as exc:
         return _refused(409, str(exc))
     return flask.redirect(flask.url_for("console.partners"), code=303)
