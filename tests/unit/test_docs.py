@@ -70,3 +70,24 @@ def test_the_readme_service_type_checks_under_strict_mypy(tmp_path: Path) -> Non
                            str(source)], capture_output=True, text=True, cwd=ROOT, check=False,
                           timeout=300)
     assert done.returncode == 0, done.stdout
+
+
+README_MOST_LINES = 150
+
+
+def test_the_readme_is_a_landing_page_that_opens_with_the_two_commands() -> None:
+    # Issue 41: the README is a landing page; details live in docs/ and are linked from it.
+    # It opens (its first code block) with the two commands that set up a fresh machine:
+    # `make run` (the service end to end) and `make test` (every test), and CI runs the
+    # README's test command.
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= README_MOST_LINES, (
+        f"README.md has {len(lines)} lines, at most {README_MOST_LINES}: move details to docs/")
+    first = re.search(r"```(\w*)\n(.*?)```", text, re.S)
+    assert first is not None
+    language, block = first.groups()
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert (language, commands) == ("sh", ["make run", "make test"])
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert [line for line in ci if line.strip() and not line.startswith("#")][-1] == "make test"
