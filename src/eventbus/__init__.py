@@ -25,7 +25,10 @@ The core, each a package that says what it may import:
 
 * ``eventbus.model``     the message model and rules: event, keys, errors, status,
                          router, context, public contracts and forwards (pure, no I/O);
-* ``eventbus.settings``  the frozen ``Settings``, read once from the environment;
+* ``eventbus.settings``  the frozen ``Settings``, read once from the environment
+                         (pydantic-settings models, the ``[service]`` extra);
+* ``eventbus.settings_base`` what the settings share with the publisher: the error
+                         type, Pub/Sub's size limit, ``publish()``'s two variables (stdlib);
 * ``eventbus.clock``     time in one place: the store's clock, lease arithmetic, waits;
 * ``eventbus.store``     storage of the event collection, the only layer that talks to
                          it: protocol, documents, MongoDB, in-memory;
@@ -65,8 +68,9 @@ Moved, importable from the old path for one release with a ``DeprecationWarning`
 ``eventbus.partners``), ``eventbus.deadline`` and ``eventbus.deadline_async`` (now in
 ``eventbus.http``).
 
-``create_app`` (Flask) and ``create_worker`` are imported on first use, so
-``from eventbus import publish`` works where neither Flask nor pymongo is installed.
+``create_app`` (Flask), ``create_worker`` and ``Settings`` (pydantic) are imported on
+first use, so ``from eventbus import publish`` works where neither Flask, pymongo nor
+pydantic is installed.
 """
 
 from __future__ import annotations
@@ -79,9 +83,9 @@ from eventbus.model.errors import PermanentError, TransientError
 from eventbus.model.forward import path
 from eventbus.model.router import Router
 from eventbus.pubsub.publisher import Publisher, publish
-from eventbus.settings import Settings
 
 if TYPE_CHECKING:
+    from eventbus.settings import Settings
     from eventbus.web.app import create_app, push_target
     from eventbus.web.asgi import asgi_app
     from eventbus.workers.pull import create_worker
@@ -91,12 +95,13 @@ __all__ = ["Context", "PermanentError", "Publisher", "Router", "Settings", "Tran
            "push_target"]
 
 _LAZY = {"create_app": "eventbus.web.app", "push_target": "eventbus.web.app",
-         "asgi_app": "eventbus.web.asgi",
+         "asgi_app": "eventbus.web.asgi", "Settings": "eventbus.settings",
          "create_worker": "eventbus.workers.pull"}
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: the web layer (Flask, pymongo) loads only when asked for.
+    # PEP 562: the web layer (Flask, pymongo) and the settings (pydantic) load only when
+    # asked for.
     if name in _LAZY:
         import importlib
 

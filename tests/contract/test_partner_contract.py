@@ -396,8 +396,10 @@ def test_takes_from_many_instances_at_once_never_overspend(store: EventStore,
 def test_instances_whose_clocks_differ_by_minutes_get_exactly_the_same_admissions(
         store: EventStore, twin: Twin, clock: StoreTime) -> None:
     """One partner paced by two instances 10 minutes ahead and behind, one by an exact one."""
-    settings = dataclasses.replace(SETTINGS, partner_rate=0.25, partner_burst_seconds=8.0,
-                                   partner_rate_wait_seconds=0.0)  # one per 4 s, two at once
+    # One per 4 s, two at once, and no wait: 0 s is below what EVENTBUS_PARTNER_RATE_WAIT_SECONDS
+    # takes (above 0), so the copy is not validated (model_copy, as dataclasses.replace was not).
+    settings = SETTINGS.model_copy(update={"partner_rate": 0.25, "partner_burst_seconds": 8.0,
+                                           "partner_rate_wait_seconds": 0.0})
     skewed = [partners(store, clock, settings, skew=SKEW),
               partners(twin(), clock, settings, skew=-SKEW)]
     exact = partners(twin(), clock, settings, skew=timedelta(0))
@@ -427,8 +429,8 @@ def test_instances_whose_clocks_differ_by_minutes_get_exactly_the_same_admission
 
 def test_over_the_rate_a_call_waits_for_its_token_or_parks_until_the_next(
         store: EventStore, twin: Twin, clock: StoreTime) -> None:
-    settings = dataclasses.replace(SETTINGS, partner_rate=2, partner_rates=(("slow", 0.25),),
-                                   partner_rate_wait_seconds=1.0)
+    settings = SETTINGS.replace(partner_rate=2, partner_rates=(("slow", 0.25),),
+                                partner_rate_wait_seconds=1.0)
     first = partners(store, clock, settings)
     second = partners(twin(), clock, settings, skew=-SKEW)
     calls: list[str] = []

@@ -90,13 +90,16 @@ PARTNERS = ("fast", "slow")
 BEHAVIOURS = ("pass", "transient", "permanent", "hang")
 
 SETTINGS = Settings(
-    lease_seconds=LEASE_SECONDS, max_attempts=3, order_wait_seconds=0.0,
+    lease_seconds=LEASE_SECONDS, max_attempts=3,
     redrive_after_seconds=61.0, redrive_max=3, redrive_backoff_cap_seconds=61.0,
     breaker_failures=2, breaker_open_seconds=BREAKER_SECONDS,
     breaker_open_cap_seconds=BREAKER_SECONDS, breaker_probe_seconds=BREAKER_SECONDS,
-    partner_rates=(("slow", RATE_LIMIT / RATE_WINDOW),), partner_rate_wait_seconds=0.0,
-    relay_budget_seconds=60.0)
-"""The world's settings: small caps so caps are reached, odd delays so nothing ties."""
+    partner_rates=(("slow", RATE_LIMIT / RATE_WINDOW),),
+    relay_budget_seconds=60.0,
+).model_copy(update={"order_wait_seconds": 0.0, "partner_rate_wait_seconds": 0.0})
+"""The world's settings: small caps so caps are reached, odd delays so nothing ties. No waits
+for an entity or a partner's rate: 0 s is below what their variables take (above 0), so those
+two are set unvalidated (``model_copy``, as ``Settings`` took any value before pydantic)."""
 
 
 class Crash(BaseException):
@@ -158,7 +161,7 @@ class MongoBackend:
     slack = 0.5
 
     def __init__(self, client: MongoClient, database: str) -> None:
-        settings = dataclasses.replace(SETTINGS, mongodb_db=database)
+        settings = SETTINGS.model_copy(update={"mongodb_db": database})  # its 0 s waits
         for name in (settings.collection, settings.guard_collection,
                      settings.partner_collection):
             client[database][name].delete_many({})

@@ -82,18 +82,23 @@ def test_the_wheel_holds_the_eventbus_package_only(wheel: Path) -> None:
     assert b"eventbus = eventbus.ops.cli:main" in entry_points
 
 
-def test_a_publisher_installs_without_flask_or_pymongo(wheel: Path, tmp_path: Path) -> None:
+def test_a_publisher_installs_without_flask_pymongo_or_pydantic(wheel: Path,
+                                                                tmp_path: Path) -> None:
+    # The settings are pydantic-settings models, in the [service] extra (issue 41): a
+    # publisher has neither them nor LocalBus, which runs handlers on them.
     python = fresh_venv(tmp_path / "venv")
     install(python, wheel)
     probe = ("import importlib.util as u\n"
-             "from eventbus import publish, Router, Context, Settings, PermanentError, "
-             "TransientError\n"
-             "from eventbus.testing import LocalBus\n"
-             "print(u.find_spec('flask') is None, u.find_spec('pymongo') is None)\n")
-    assert run(python, "-c", probe).stdout.split() == ["True", "True"]
-    failed = subprocess.run([str(python), "-c", "from eventbus import create_app; create_app"],
-                            capture_output=True, text=True, check=False)
-    assert failed.returncode != 0 and "flask" in failed.stderr.lower()
+             "from eventbus import publish, Router, Context, PermanentError, TransientError\n"
+             "from eventbus.settings_base import SettingsError, publish_target\n"
+             "print(u.find_spec('flask') is None, u.find_spec('pymongo') is None,\n"
+             "      u.find_spec('pydantic') is None)\n")
+    assert run(python, "-c", probe).stdout.split() == ["True", "True", "True"]
+    for statement, needs in (("from eventbus import create_app; create_app", "flask"),
+                             ("from eventbus import Settings", "pydantic")):
+        failed = subprocess.run([str(python), "-c", statement],
+                                capture_output=True, text=True, check=False)
+        assert failed.returncode != 0 and needs in failed.stderr.lower(), statement
 
 
 def test_the_service_extra_gives_everything_the_push_service_needs(wheel: Path,
@@ -101,7 +106,9 @@ def test_the_service_extra_gives_everything_the_push_service_needs(wheel: Path,
     python = fresh_venv(tmp_path / "venv")
     install(python, f"{wheel}[service]")
     probe = ("import flask, pymongo, gunicorn, functions_framework, google.auth, requests\n"
-             "from eventbus import Router, create_app\n"
+             "import pydantic, pydantic_settings, dotenv\n"
+             "from eventbus import Router, Settings, create_app\n"
+             "from eventbus.testing import LocalBus\n"
              "from eventbus.store.memory import MemoryEventStore\n"
              "app = create_app(Router(), store=MemoryEventStore())\n"
              "print(app.test_client().get('/health').status_code)\n")

@@ -119,7 +119,7 @@ def make_harness(settings: Settings, entry: str, notify_async: bool,
              partner_url: str = NO_PARTNER, store: MemoryEventStore | None = None,
              **overrides: Any) -> Harness:
         """Return a harness; ``router=None`` is the app's own router (``handlers``)."""
-        final = dataclasses.replace(settings, **overrides)
+        final = settings.replace(**overrides)
         db = store.database if store is not None and store.database is not None \
             else memory_database()
         clock = clock or FakeClock(START)

@@ -80,11 +80,14 @@ START = datetime(2026, 1, 1, 12, 0, 0, 500000, tzinfo=UTC)
 StoreFactory = Callable[[FakeClock], Any]
 """Builds a world's store on its virtual clock (``World(store=...)``)."""
 SETTINGS = Settings(
-    lease_seconds=LEASE, max_attempts=3, order_wait_seconds=0.0, redrive_after_seconds=61.0,
+    lease_seconds=LEASE, max_attempts=3, redrive_after_seconds=61.0,
     redrive_max=3, redrive_backoff_cap_seconds=61.0, breaker_failures=3,
     breaker_open_seconds=31.0, breaker_open_cap_seconds=31.0, breaker_probe_seconds=31.0,
-    partner_rate_wait_seconds=0.0, relay_budget_seconds=60.0, async_stop_grace_seconds=3.0)
-"""Small caps so caps are reached; odd delays so nothing ties."""
+    relay_budget_seconds=60.0, async_stop_grace_seconds=3.0,
+).model_copy(update={"order_wait_seconds": 0.0, "partner_rate_wait_seconds": 0.0})
+"""Small caps so caps are reached; odd delays so nothing ties. No waits for an entity or a
+partner's rate: 0 s is below what their variables take (above 0), so those two are set
+unvalidated (``model_copy``, as ``Settings`` took any value before it was a pydantic model)."""
 OFFSETS = (0.0, 0.0, -600.0, 600.0, -30.0, 30.0, -7.0, 7.0)
 FAULTS = ("pause", "crash", "unavailable", "tick")
 REBUILD_ID = "rb-sim"

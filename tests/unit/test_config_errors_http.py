@@ -1,5 +1,3 @@
-import dataclasses
-
 import pytest
 
 from eventbus.model.errors import (
@@ -32,7 +30,7 @@ def test_settings_read_the_environment_once_into_a_frozen_object() -> None:
 
 def test_the_library_settings_know_nothing_of_the_app() -> None:
     # handler_modules and the partner settings moved to handlers.settings (test_app_settings.py).
-    names = {field.name for field in dataclasses.fields(Settings)}
+    names = set(Settings.model_fields)
     assert not names & {"handler_modules", "partner_url", "partner_timeout_seconds"}
     assert Settings().guard_collection == "side_effects"
     assert Settings.from_env({"EVENTBUS_HANDLER_MODULES": "x",

@@ -20,7 +20,9 @@
   documents, processor, outbox, ``pubsub.message``, telemetry, assembly) and google-cloud-pubsub in
   ``subscriber`` and ``deadletter`` only; never ``eventbus.ops`` (the CLI imports the
   workers, not the other way round), ``eventbus.web`` or ``eventbus.testing``;
-* ``import eventbus`` (and the test bus) works where neither Flask nor pymongo is installed.
+* ``import eventbus`` (and the test bus) works where neither Flask nor pymongo is installed;
+* ``import eventbus`` and ``publish()`` work where pydantic is not installed either (a
+  publisher-only install): only ``Settings`` and what builds on it need pydantic.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -344,6 +347,74 @@ def test_the_library_imports_without_flask_or_pymongo(statement: str) -> None:
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                           cwd=SRC.parent, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
+
+
+PYDANTIC = ("pydantic", "pydantic_core", "pydantic_settings")
+BLOCKED_PYDANTIC = "".join(f"sys.modules[{name!r}] = None; " for name in PYDANTIC)
+NO_PYDANTIC_LOADED = ("assert not [m for m in sys.modules if m.split('.')[0] in "
+                      f"{PYDANTIC!r} and sys.modules[m]]")
+
+
+@pytest.mark.parametrize("statement", [
+    "import eventbus",
+    "from eventbus import publish, Publisher, Router, Context, PermanentError, TransientError",
+    "from eventbus.settings_base import SettingsError, publish_target",
+])
+def test_the_publisher_imports_without_pydantic(statement: str) -> None:
+    check = f"{BLOCKED}{BLOCKED_PYDANTIC}{statement}; {NO_PYDANTIC_LOADED}"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          cwd=SRC.parent, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+PUBLISH_WITHOUT_PYDANTIC = """
+from eventbus.pubsub import publisher
+
+class Sent:
+    def result(self, timeout=None):
+        return "m-1"
+
+class Client:  # google-cloud-pubsub's client, without a server
+    def __init__(self, **options):
+        pass
+
+    def topic_path(self, project, topic):
+        return f"projects/{project}/topics/{topic}"
+
+    def publish(self, path, data, ordering_key="", **attributes):
+        print(path)
+        return Sent()
+
+    def stop(self):
+        pass
+
+publisher.pubsub_v1.PublisherClient = Client
+from eventbus import publish
+print(publish("OR_MGMT", {"orderId": 1},
+              entity={"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}))
+"""
+
+
+def test_publish_reads_its_two_variables_without_pydantic() -> None:
+    # GOOGLE_CLOUD_PROJECT and PUBSUB_TOPIC, read directly; empty keeps the default, and a
+    # variable only the service reads is not looked at (no Settings without pydantic).
+    env = {**os.environ, "GOOGLE_CLOUD_PROJECT": "proj", "PUBSUB_TOPIC": "",
+           "EVENTBUS_LEASE_SECONDS": "not a number"}
+    done = subprocess.run([sys.executable, "-c", f"import sys; {BLOCKED}{BLOCKED_PYDANTIC}\n"
+                           f"{PUBLISH_WITHOUT_PYDANTIC}\n{NO_PYDANTIC_LOADED}"],
+                          capture_output=True, text=True, cwd=SRC.parent, timeout=120,
+                          check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["projects/proj/topics/partner-events", "m-1"]
+
+
+def test_the_settings_need_pydantic() -> None:
+    # The other half of the checks above: blocking pydantic really blocks.
+    done = subprocess.run([sys.executable, "-c",
+                           f"import sys; {BLOCKED_PYDANTIC}from eventbus import Settings"],
+                          capture_output=True, text=True, cwd=SRC.parent, timeout=120,
+                          check=False)
+    assert done.returncode != 0 and "pydantic" in done.stderr
 
 
 def test_the_web_layer_needs_flask() -> None:

@@ -1,8 +1,9 @@
-"""The operator tools' own settings, read like the service's (``eventbus.settings.read_env``).
+"""The operator tools' own settings, read like the service's (``eventbus.settings.EnvSettings``).
 
-Each field of ``OpsSettings`` declares its variable, parser and doc once
-(``eventbus.settings.setting``); ``SOURCES`` and the "Operator tools" section
-of ``docs/CONFIGURATION.md`` (``reference_markdown``) are derived from them.
+Each field of ``OpsSettings`` declares its variable and doc once, in its
+pydantic ``Field`` (``validation_alias``, ``description``); ``variables()`` and
+the "Operator tools" section of ``docs/CONFIGURATION.md`` (``reference_markdown``)
+are read from the fields.
 
 The console script first loads a ``.env`` file (``load_env_file``). ``make
 run`` writes the local settings (database, emulator, project, topic, console
@@ -12,82 +13,74 @@ then in its parents up to the first one that holds ``.git``, and read by
 python-dotenv (the ``[service]`` extra) without variable interpolation; real
 environment variables win over the file. A line python-dotenv cannot parse is
 skipped with a warning, never fatal: the file is a convenience, not a
-configuration language.
+configuration language. The file's values go into the process's environment,
+where ``OpsSettings.from_env`` and ``Settings.from_env`` read them as any other
+variable. pydantic-settings' own ``.env`` source is not used: it would give its
+values to one model only, where these reach both settings and the commands'
+subprocesses, and its search for the file does not stop at the repository.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from pydantic import Field
+
 from eventbus import settings
-from eventbus.settings import (
-    Parser,
-    Settings,
-    parse_bool,
-    parse_int,
-    parse_list,
-    parse_str,
-    read_env,
-    setting,
-    settings_table,
-    sources,
-)
+from eventbus.settings import EnvSettings, Flag, Names, PositiveInt, Settings, settings_table
 
 
-@dataclasses.dataclass(frozen=True)
-class OpsSettings:
+class OpsSettings(EnvSettings):
     """Settings of the operator commands and the console (next to ``Settings``)."""
 
-    subscription: str = setting(
-        "", env="PUBSUB_SUBSCRIPTION", parse=parse_str,
-        doc="The push subscription (`retries` shows its policy); empty: `<topic>-push`.")
-    dead_letter_subscription: str = setting(
-        "", env="PUBSUB_DEAD_LETTER_SUBSCRIPTION", parse=parse_str,
-        doc="What `dlq drain` pulls; empty: `<dead-letter topic>-pull`.")
-    pull_subscription: str = setting(
-        "", env="EVENTBUS_PULL_SUBSCRIPTION", parse=parse_str,
-        doc="What `eventbus worker` pulls; empty: `<topic>-pull`.")
-    app: str = setting(
-        "", env="EVENTBUS_APP", parse=parse_str,
-        doc="`MODULE:ATTR` of the service app (its router places messages).")
-    operator: str = setting(
-        "", env="EVENTBUS_OPERATOR", parse=parse_str,
-        doc="Who a replay from the command line is recorded as; empty: `$USER`.")
-    replay_confirm_above: int = setting(
-        10, env="EVENTBUS_REPLAY_CONFIRM_ABOVE", parse=parse_int,
-        doc="Replays of more events ask for confirmation.")
-    console_token: str = setting(
-        "", env="EVENTBUS_CONSOLE_TOKEN", parse=parse_str,
-        doc="The local console's access token; empty: a random one.")
-    console_port: int = setting(
-        8081, env="EVENTBUS_CONSOLE_PORT", parse=parse_int,
-        doc="The local console's port.")
-    console_auth: str = setting(
-        "local", env="EVENTBUS_CONSOLE_AUTH", parse=parse_str,
-        doc="`local` (token), `iap` or `oidc` (signed identity).")
-    console_audience: str = setting(
-        "", env="EVENTBUS_CONSOLE_AUDIENCE", parse=parse_str,
-        doc="The identity token's audience (`iap`/`oidc`).")
-    console_operators: tuple[str, ...] = setting(
-        (), env="EVENTBUS_CONSOLE_OPERATORS", parse=parse_list,
-        doc="E-mails allowed in (`iap`/`oidc`); required there.")
-    console_read_only: bool = setting(
-        False, env="EVENTBUS_CONSOLE_READ_ONLY", parse=parse_bool,
-        doc="Hide and refuse replay.")
+    subscription: str = Field(
+        "", validation_alias="PUBSUB_SUBSCRIPTION",
+        description="The push subscription (`retries` shows its policy); empty: `<topic>-push`.")
+    dead_letter_subscription: str = Field(
+        "", validation_alias="PUBSUB_DEAD_LETTER_SUBSCRIPTION",
+        description="What `dlq drain` pulls; empty: `<dead-letter topic>-pull`.")
+    pull_subscription: str = Field(
+        "", validation_alias="EVENTBUS_PULL_SUBSCRIPTION",
+        description="What `eventbus worker` pulls; empty: `<topic>-pull`.")
+    app: str = Field(
+        "", validation_alias="EVENTBUS_APP",
+        description="`MODULE:ATTR` of the service app (its router places messages).")
+    operator: str = Field(
+        "", validation_alias="EVENTBUS_OPERATOR",
+        description="Who a replay from the command line is recorded as; empty: `$USER`.")
+    replay_confirm_above: PositiveInt = Field(
+        10, validation_alias="EVENTBUS_REPLAY_CONFIRM_ABOVE",
+        description="Replays of more events ask for confirmation.")
+    console_token: str = Field(
+        "", validation_alias="EVENTBUS_CONSOLE_TOKEN",
+        description="The local console's access token; empty: a random one.")
+    console_port: PositiveInt = Field(
+        8081, validation_alias="EVENTBUS_CONSOLE_PORT",
+        description="The local console's port.")
+    console_auth: str = Field(
+        "local", validation_alias="EVENTBUS_CONSOLE_AUTH",
+        description="`local` (token), `iap` or `oidc` (signed identity).")
+    console_audience: str = Field(
+        "", validation_alias="EVENTBUS_CONSOLE_AUDIENCE",
+        description="The identity token's audience (`iap`/`oidc`).")
+    console_operators: Names = Field(
+        (), validation_alias="EVENTBUS_CONSOLE_OPERATORS",
+        description="E-mails allowed in (`iap`/`oidc`); required there.")
+    console_read_only: Flag = Field(
+        False, validation_alias="EVENTBUS_CONSOLE_READ_ONLY",
+        description="Hide and refuse replay.")
 
     @classmethod
     def from_env(cls, settings: Settings,
                  environ: Mapping[str, str] | None = None) -> OpsSettings:
         """Read from ``environ`` (default ``os.environ``); names default from the topic."""
         env = os.environ if environ is None else environ
-        read = read_env(cls, SOURCES, env)
-        return dataclasses.replace(
-            read,
+        read = cls.read_env(env)
+        return read.replace(
             subscription=read.subscription or f"{settings.topic}-push",
             pull_subscription=read.pull_subscription or f"{settings.topic}-pull",
             dead_letter_subscription=(read.dead_letter_subscription
@@ -96,8 +89,8 @@ class OpsSettings:
             operator=read.operator or env.get("USER", "") or "operator")
 
 
-SOURCES: dict[str, tuple[str, Parser]] = sources(OpsSettings)
-"""Where each field of ``OpsSettings`` comes from: field → (variable, parser), from its metadata."""
+VARIABLES: dict[str, str] = settings.variables(OpsSettings)
+"""Where each field of ``OpsSettings`` comes from: field → environment variable."""
 
 
 def reference_markdown() -> str:

@@ -7,5 +7,8 @@
 
 May import: ``eventbus.model``, ``eventbus.settings``, ``eventbus.http``; Google's clients.
 Never Flask, pymongo, the store or the processor. Importing this package
-imports none of its modules, so a publisher needs only google-cloud-pubsub.
+imports none of its modules, so a publisher needs only google-cloud-pubsub:
+``message`` and ``publisher`` take what they need of the settings from
+``eventbus.settings_base`` (the standard library), never from ``eventbus.settings``
+(pydantic), which ``publisher`` names for types only.
 """

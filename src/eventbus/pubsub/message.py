@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from eventbus.model.errors import InvalidEvent
 from eventbus.model.event import EntityMetadata, Event, event_from_document
 from eventbus.model.keys import canonical_json, message_key
-from eventbus.settings import PUBSUB_MAX_DATA_BYTES
+from eventbus.settings_base import PUBSUB_MAX_DATA_BYTES
 
 Entity = EntityMetadata | Mapping[str, str]
 # Pub/Sub's own cap; the publisher adds three attributes, the relay two more.

@@ -7,7 +7,8 @@
 
 The message is built by ``eventbus.pubsub.message`` (validated with the
 receiver's own rules). With ``PUBSUB_EMULATOR_HOST`` set, google-cloud-pubsub
-talks to the emulator. Needs only google-cloud-pubsub: no Flask, no pymongo.
+talks to the emulator. Needs only google-cloud-pubsub: no Flask, no pymongo, no
+pydantic (``publish()`` reads its two variables itself; ``Settings`` is only a type here).
 
 ``publish()`` builds a publisher for the call; a service that publishes
 often keeps one ``Publisher`` and calls its ``publish`` method.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.cloud import pubsub_v1
 
@@ -27,7 +28,10 @@ from eventbus.correlation.outbound import outbound_call
 from eventbus.model.errors import PublishError
 from eventbus.model.event import Event
 from eventbus.pubsub.message import Entity, MessagePublisher, build_event, build_message
-from eventbus.settings import Settings
+from eventbus.settings_base import publish_target
+
+if TYPE_CHECKING:  # the settings need pydantic ([service]); a publisher does not
+    from eventbus.settings import Settings
 
 
 class Publisher:
@@ -142,12 +146,18 @@ def publish(event_type: str, data: Mapping[str, Any], *, entity: Entity,
             settings: Settings | None = None) -> str:
     """Publish one event to the settings' topic; return the message id.
 
+    Without ``settings``, the project and topic are ``GOOGLE_CLOUD_PROJECT`` and
+    ``PUBSUB_TOPIC`` (``eventbus.settings_base.publish_target``), read directly.
+
     Raise ``InvalidEvent`` (nothing sent) for an event the receiver would
     reject, ``PublishError`` when Pub/Sub did not take it: retry with the same
     ``idempotency_key`` and the receiver processes it once. Builds a client
     for the call (no process-wide publisher); keep a ``Publisher`` to send many.
     """
-    publisher = Publisher.from_settings(settings or Settings.from_env())
+    # GOOGLE_CLOUD_PROJECT and PUBSUB_TOPIC, read directly: a publisher-only install has
+    # no pydantic, so no Settings, and needs no other variable.
+    publisher = (Publisher.from_settings(settings) if settings is not None
+                 else Publisher(*publish_target()))
     try:
         return publisher.publish(event_type, data, entity=entity,
                                  idempotency_key=idempotency_key, ordering_key=ordering_key,
