@@ -23,6 +23,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import FakeClock, LocalBus
 from tests.closing import closed_after_test
+from tests.run_stores import runs_of
 
 ENTITY = {"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}
 LEASE = 60.0
@@ -59,7 +60,7 @@ def job(bus: LocalBus, router: Router, *, keys: tuple[str, ...] = (),
     source: Any = ArchiveSource(bus.store, str(archive), processor.locate,
                                 selection=selection) if archive else \
         StoredSource(bus.store, Selection.from_json(run["selection"]))
-    return Rebuild(bus.store, processor, source, run, sleep=bus.clock.sleep,
+    return Rebuild(runs_of(bus.store), processor, source, run, sleep=bus.clock.sleep,
                    monotonic=bus.clock.monotonic, retries=retries, batch=batch)
 
 

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from tests.browser.conftest import TOKEN, Console
 from tests.ops.conftest import FIXED
+from tests.run_stores import runs_of
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "console.png"
 
@@ -162,7 +163,7 @@ def test_the_rebuilds_page_is_reached_from_the_nav_and_shows_progress(
         browser: Any, console: Console, tmp_path: Path) -> None:
     hostile = "<img src=x onerror=alert(4)>"
     store = console.bus.store
-    store.rebuild_save({"rebuild_id": "rb-1", "by": "ops@example.com", "why": hostile,
+    runs_of(store).rebuild_save({"rebuild_id": "rb-1", "by": "ops@example.com", "why": hostile,
                         "started": store.now(), "status": "running", "done": 30, "total": 120,
                         "counts": {"rebuilt": 29, "failed": 1}, "flags": {"emit_new": True}})
     page = browser.new_page()

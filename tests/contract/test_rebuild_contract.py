@@ -12,6 +12,7 @@ from datetime import datetime
 from eventbus.store.base import EventStore, Finish
 from eventbus.store.documents import FAILED, SUCCESS
 from tests.contract.conftest import ERROR, FIELDS, LEASE, StoreClock, new_key
+from tests.run_stores import runs_of
 
 
 def _success(store: EventStore, now: datetime, outbox: tuple[dict[str, object], ...] = ()) -> str:
@@ -102,30 +103,31 @@ def test_a_given_back_lease_leaves_the_record_as_it_was(store: EventStore,
 def test_run_documents_are_saved_read_back_and_listed_newest_first(
         store: EventStore, now: datetime) -> None:
     for number in (1, 2):
-        store.rebuild_save({"rebuild_id": f"rb-{number}", "started": f"2026-0{number}",
+        runs_of(store).rebuild_save({"rebuild_id": f"rb-{number}", "started": f"2026-0{number}",
                             "status": "running", "counts": {"rebuilt": number}})
-    store.rebuild_save({"rebuild_id": "rb-1", "started": "2026-01", "status": "finished",
+    runs_of(store).rebuild_save({"rebuild_id": "rb-1", "started": "2026-01", "status": "finished",
                         "counts": {"rebuilt": 5}})
-    found = store.rebuild_get("rb-1")
+    found = runs_of(store).rebuild_get("rb-1")
     assert found is not None and found["status"] == "finished"
     assert found["counts"] == {"rebuilt": 5}
-    assert [run["rebuild_id"] for run in store.rebuild_runs(10)] == ["rb-2", "rb-1"]
-    assert store.rebuild_get("rb-none") is None
+    assert [run["rebuild_id"] for run in runs_of(store).rebuild_runs(10)] == ["rb-2", "rb-1"]
+    assert runs_of(store).rebuild_get("rb-none") is None
 
 
 def test_a_plan_is_stored_in_order_across_pages_replaced_and_never_listed_as_a_run(
         store: EventStore) -> None:
     # Keys of 600 characters: three pages of 1 MiB hold the 5,000 (rebuilds.plan_pages).
     plan = [f"k{number:05d}-" + "x" * 593 for number in range(5000)]
-    store.rebuild_save({"rebuild_id": "rb-plan", "started": "2026-03", "status": "running"})
-    assert store.rebuild_plan("rb-plan") is None
-    store.rebuild_plan_save("rb-plan", plan)
-    assert store.rebuild_plan("rb-plan") == plan
-    store.rebuild_plan_save("rb-plan", ["k-b", "k-a"])  # a second plan replaces every page
-    assert store.rebuild_plan("rb-plan") == ["k-b", "k-a"]
-    store.rebuild_plan_save("rb-other", [])
-    assert store.rebuild_plan("rb-other") == []
-    assert [run["rebuild_id"] for run in store.rebuild_runs(10)] == ["rb-plan"]
+    runs_of(store).rebuild_save({"rebuild_id": "rb-plan", "started": "2026-03",
+                                 "status": "running"})
+    assert runs_of(store).rebuild_plan("rb-plan") is None
+    runs_of(store).rebuild_plan_save("rb-plan", plan)
+    assert runs_of(store).rebuild_plan("rb-plan") == plan
+    runs_of(store).rebuild_plan_save("rb-plan", ["k-b", "k-a"])  # a second plan replaces every page
+    assert runs_of(store).rebuild_plan("rb-plan") == ["k-b", "k-a"]
+    runs_of(store).rebuild_plan_save("rb-other", [])
+    assert runs_of(store).rebuild_plan("rb-other") == []
+    assert [run["rebuild_id"] for run in runs_of(store).rebuild_runs(10)] == ["rb-plan"]
 
 
 def test_a_new_records_live_finish_keeps_its_audit_entry_succeeded_or_failed(

@@ -9,6 +9,7 @@ from eventbus.rebuild.runner import QUIET, run_views
 from eventbus.store.memory import MemoryEventStore
 from tests.ops.conftest import Bus
 from tests.ops.test_console import get, signed_in
+from tests.run_stores import runs_of
 
 HOSTILE = '<script>alert(1)</script>"\''
 
@@ -21,7 +22,7 @@ def test_the_page_lists_running_and_finished_rebuilds_with_their_counts(bus: Bus
     assert code == 0, err
     finished = json.loads(out)["rebuild_id"]
     now = bus.store.now()
-    bus.store.rebuild_save({"rebuild_id": "rb-running", "by": "ops@example.com",
+    runs_of(bus.store).rebuild_save({"rebuild_id": "rb-running", "by": "ops@example.com",
                             "why": HOSTILE, "started": now, "status": "running", "done": 40,
                             "total": 100, "counts": {"rebuilt": 38, "failed": 2},
                             "flags": {"emit_new": True, "new_calls": False},
@@ -49,14 +50,14 @@ def test_the_page_lists_running_and_finished_rebuilds_with_their_counts(bus: Bus
 
 def test_a_running_rebuild_without_a_checkpoint_for_long_is_shown_quiet() -> None:
     store = MemoryEventStore()
-    store.rebuild_save({"rebuild_id": "rb-quiet", "by": "ops", "why": "x",
+    runs_of(store).rebuild_save({"rebuild_id": "rb-quiet", "by": "ops", "why": "x",
                         "started": store.now(), "status": "running", "done": 1, "total": 9})
-    store.rebuild_save({"rebuild_id": "rb-done", "by": "ops", "why": "x",
+    runs_of(store).rebuild_save({"rebuild_id": "rb-done", "by": "ops", "why": "x",
                         "started": store.now(), "status": "finished", "done": 9, "total": 9})
-    soon = {view.rebuild_id: view for view in run_views(store, store.now())}
+    soon = {view.rebuild_id: view for view in run_views(runs_of(store), store.now())}
     assert not soon["rb-quiet"].quiet and soon["rb-quiet"].percent == 11
     later = {view.rebuild_id: view
-             for view in run_views(store, store.now() + dt.timedelta(seconds=QUIET + 1))}
+             for view in run_views(runs_of(store), store.now() + dt.timedelta(seconds=QUIET + 1))}
     assert later["rb-quiet"].quiet and not later["rb-done"].quiet
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.ops.conftest import Bus, routes
+from tests.run_stores import runs_of
 
 APP = "tests.ops.conftest:routes"
 
@@ -34,7 +35,7 @@ def test_a_rebuild_runs_each_success_once_and_keeps_its_history(bus: Bus) -> Non
         (entry,) = record["replays"]
         assert entry["why"] == "bug 7" and entry["by"] == "ops@example.com"
         assert entry["rebuild"] == report["rebuild_id"] and "rebuild_lease" not in record
-    run = bus.store.rebuild_get(report["rebuild_id"])
+    run = runs_of(bus.store).rebuild_get(report["rebuild_id"])
     assert run is not None and run["status"] == "finished" and run["counts"]["rebuilt"] == 3
     # Resuming a finished rebuild runs nothing again.
     code, out, err = bus.run("rebuild", "--resume", report["rebuild_id"], "--app", APP, "--json")
@@ -53,7 +54,7 @@ def test_a_dry_run_lists_and_writes_nothing(bus: Bus, tmp_path: Path) -> None:
     assert code == 1  # a key without an event
     assert plan["keys"] == keys and plan["missing"] == ["p:nobody:missing"]
     assert all("replays" not in (bus.store.get(key) or {}) for key in keys)
-    assert bus.store.rebuild_runs(10) == []
+    assert runs_of(bus.store).rebuild_runs(10) == []
 
 
 @pytest.mark.parametrize(("setup", "argv", "message"), [
@@ -75,7 +76,7 @@ def test_hostile_input_is_one_clear_line_never_a_traceback(
                              *[arg.replace("{path}", str(path)) for arg in argv])
     assert code == 2
     assert message in err and "Traceback" not in err + out
-    assert bus.store.rebuild_runs(10) == []
+    assert runs_of(bus.store).rebuild_runs(10) == []
 
 
 def test_a_bad_time_is_refused_by_the_parser(bus: Bus) -> None:
@@ -83,7 +84,7 @@ def test_a_bad_time_is_refused_by_the_parser(bus: Bus) -> None:
     with pytest.raises(SystemExit) as stopped:
         bus.run("rebuild", "--app", APP, "--since", "yesterday-ish")
     assert stopped.value.code == 2
-    assert bus.store.rebuild_runs(10) == []
+    assert runs_of(bus.store).rebuild_runs(10) == []
 
 
 def _archive(root: Path) -> list[str]:
@@ -129,7 +130,7 @@ def test_a_rebuild_from_an_archive_stores_the_events_without_records(
         (entry,) = record["replays"]
         assert entry["source"] == "archive" and entry["new_record"] is True
         assert entry["why"] == "restore" and "lease_until" not in record
-    run = bus.store.rebuild_get(report["rebuild_id"])
+    run = runs_of(bus.store).rebuild_get(report["rebuild_id"])
     assert run is not None and run["archive"] == str(tmp_path)
     # Resumed, the same archive is read again and nothing runs twice.
     code, out, err = bus.run("rebuild", "--resume", report["rebuild_id"], "--app", APP, "--json")
@@ -140,6 +141,6 @@ def test_a_rebuild_from_an_archive_stores_the_events_without_records(
 def test_an_archive_that_cannot_be_listed_is_one_line(bus: Bus, tmp_path: Path) -> None:
     code, out, err = bus.run("rebuild", "--from-archive", str(tmp_path / "none"), "--app", APP)
     assert code == 2 and "no such file or directory" in err
-    assert "Traceback" not in out + err and bus.store.rebuild_runs(10) == []
+    assert "Traceback" not in out + err and runs_of(bus.store).rebuild_runs(10) == []
     code, _, err = bus.run("rebuild", "--from-archive", "s3://bucket/x", "--app", APP)
     assert code == 2 and "gs://" in err

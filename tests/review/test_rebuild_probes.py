@@ -36,6 +36,7 @@ from eventbus.store.memory import MemoryEventStore
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus
 from tests.rebuild_support import ENTITY, LEASE, Crash, audits, crashing, job, local_bus
+from tests.run_stores import runs_of
 
 
 class World:
@@ -115,7 +116,7 @@ def test_two_processes_resuming_the_same_rebuild_run_each_event_once() -> None:
     keys = published(bus, 30)
     first = job(bus, world.router())
     run = dict(first.run_document)
-    bus.store.rebuild_save(run)
+    runs_of(bus.store).rebuild_save(run)
     jobs = [job(bus, world.router(), run=dict(run)) for _ in range(2)]
     for one in jobs:
         one.batch = 3
@@ -161,7 +162,7 @@ def test_a_rebuild_frozen_past_its_lease_loses_its_finish_and_calls_no_partner()
     bus = make_bus(world)
     (key,) = published(bus, 1)
     a = job(bus, world.router())
-    bus.store.rebuild_save(a.run_document)
+    runs_of(bus.store).rebuild_save(a.run_document)
     b = job(bus, world.router(), run=dict(a.run_document))
     later: list[Report] = []
     frozen: list[bool] = []
@@ -254,14 +255,14 @@ def test_a_crash_right_after_the_rebuild_claim_runs_each_event_once_on_resume() 
         first.run()
     undo()
     assert all(world.ran(key) == 0 for key in keys)
-    run = bus.store.rebuild_get(first.report.rebuild_id)
+    run = runs_of(bus.store).rebuild_get(first.report.rebuild_id)
     assert run is not None and run["status"] == "running"
     # Resumed at once: the dead process's leases still hold; nothing runs, all listed busy.
     early = job(bus, world.router(), run=dict(run), retries=1).run()
     assert early.counts["busy"] == 3 and all(world.ran(key) == 0 for key in keys)
     # After the lease: every event runs exactly once, and no partner call again.
     bus.clock.advance(LEASE + 1)
-    again = bus.store.rebuild_get(first.report.rebuild_id)
+    again = runs_of(bus.store).rebuild_get(first.report.rebuild_id)
     assert again is not None
     again["report"] = {**again["report"], "last_key": ""}  # a lagging checkpoint
     late = job(bus, world.router(), run=again).run()
@@ -286,7 +287,7 @@ def test_a_crash_after_a_new_guarded_call_never_repeats_the_call_on_resume() -> 
     assert record is not None and record["event_status"] == "SUCCESS"
     assert audits(bus, key) == []
     bus.clock.advance(LEASE + 1)
-    run = bus.store.rebuild_get(first.report.rebuild_id)
+    run = runs_of(bus.store).rebuild_get(first.report.rebuild_id)
     report = job(bus, world.router(), run=run, new_calls=True).run()
     assert report.counts["rebuilt"] == 1
     assert world.calls == [key, key]  # the guard's stored result, not a third call
@@ -299,13 +300,13 @@ def test_a_crash_after_the_finish_before_the_checkpoint_runs_nothing_again() -> 
     keys = published(bus, 4)
     first = job(bus, world.router())
     first.batch = 2
-    undo = crashing(bus.store, "rebuild_save", after=False,
+    undo = crashing(first.runs, "rebuild_save", after=False,
                     when=lambda run: run.get("status") == "finished")
     with pytest.raises(Crash):
         first.run()
     undo()
     assert all(world.ran(key) == 1 for key in keys)
-    run = bus.store.rebuild_get(first.report.rebuild_id)
+    run = runs_of(bus.store).rebuild_get(first.report.rebuild_id)
     assert run is not None and run["report"]["last_key"] == ""  # the checkpoint lagged
     report = job(bus, world.router(), run=run).run()
     assert report.counts["already"] == 4 and report.counts["rebuilt"] == 0
@@ -442,7 +443,7 @@ def test_a_rebuild_dying_after_an_archived_events_claim_never_runs_it_live_later
         key = located(bus, messages[0]).key
         assert (bus.record(key) or {}).get("event_status") in ("PENDING", "PROCESSING")
         bus.clock.advance(LEASE * 3)
-        run = bus.store.rebuild_get(first.report.rebuild_id)
+        run = runs_of(bus.store).rebuild_get(first.report.rebuild_id)
         resumed = job(bus, world.router(), run=run, archive=path).run()
     # The resumed rebuild takes its record back (the dead claim's lease lapsed) and runs it
     # in replay mode: its call, never made here, is refused without --allow-new-calls.
@@ -505,7 +506,7 @@ def test_hostile_keys_files_are_one_line_and_touch_nothing(
     code, _out, err = _cli(cli, store, "rebuild", "--keys", str(path), "--app",
                           "tests.review.test_rebuild_probes:ROUTES")
     assert code == 2 and message in err, err
-    assert "Traceback" not in _out + err and store.rebuild_runs(10) == []
+    assert "Traceback" not in _out + err and runs_of(store).rebuild_runs(10) == []
 
 
 ROUTES = World().router()
@@ -542,7 +543,7 @@ def test_a_huge_keys_file_is_refused_before_anything_runs(
                           "tests.review.test_rebuild_probes:ROUTES", "--json")
     assert code == 2 and "split the file" in err, err[-2000:]
     assert "Traceback" not in err and "--resume" not in err
-    assert store.rebuild_runs(10) == []
+    assert runs_of(store).rebuild_runs(10) == []
     store.close()
 
 
@@ -608,7 +609,7 @@ def test_verify_after_a_rebuild_passes_an_unchanged_app_that_uses_context_now() 
     processor = ReplayProcessor(bus.store, app, bus.settings, bus.clock, replay,
                                 sleep=bus.clock.sleep, monotonic=bus.clock.monotonic)
     try:
-        assert Rebuild(bus.store, processor, StoredSource(bus.store, selection), run,
+        assert Rebuild(runs_of(bus.store), processor, StoredSource(bus.store, selection), run,
                        sleep=bus.clock.sleep, monotonic=bus.clock.monotonic).run().counts[
                            "rebuilt"] == 1
     finally:

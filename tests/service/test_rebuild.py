@@ -22,6 +22,7 @@ from eventbus.settings import Settings
 from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus
 from tests.closing import closed_after_test
+from tests.run_stores import runs_of
 
 ENTITY = {"partnerId": "p1", "entity_id": "o-1", "entity_type": "Order"}
 
@@ -88,8 +89,8 @@ def rebuild(bus: LocalBus, router: Router, *, query: EventQuery | None = None,
                                                   replay, after_success=bus.relay,
                                                   sleep=bus.clock.sleep,
                                                   monotonic=bus.clock.monotonic))
-    job = Rebuild(bus.store, processor, StoredSource(bus.store, selection), run, batch=batch,
-                  sleep=bus.clock.sleep, monotonic=bus.clock.monotonic)
+    job = Rebuild(runs_of(bus.store), processor, StoredSource(bus.store, selection), run,
+                  batch=batch, sleep=bus.clock.sleep, monotonic=bus.clock.monotonic)
     report = job.run(stop_after=stop_after)
     bus.drain()
     return job, report
@@ -112,7 +113,7 @@ def test_a_rebuild_after_a_fixed_bug_rights_the_projection_and_calls_no_partner_
         assert entry["by"] == "ops@example" and entry["why"] == "bug 42"
         assert entry["rebuild"] == report.rebuild_id and entry["outcome"] == "rebuilt"
         assert "rebuild_lease" not in record
-    saved = bus.store.rebuild_get(report.rebuild_id)
+    saved = runs_of(bus.store).rebuild_get(report.rebuild_id)
     assert saved is not None and saved["status"] == "finished"
     assert saved["counts"]["rebuilt"] == 5
 
@@ -204,7 +205,7 @@ def test_an_interrupted_rebuild_resumes_without_running_an_event_twice() -> None
     first, report = rebuild(bus, counting, query=EventQuery(event_type="OR_MGMT"), batch=2,
                             stop_after=4)
     assert len(runs) == 4 and report.done == 4
-    saved = bus.store.rebuild_get(report.rebuild_id)
+    saved = runs_of(bus.store).rebuild_get(report.rebuild_id)
     assert saved is not None and saved["status"] == "interrupted"
     # A crash after the finish but before the checkpoint: the checkpoint lags a batch.
     saved["report"]["last_key"] = runs[1]

@@ -27,6 +27,7 @@ from eventbus.store.operator_queries import EventQuery
 from eventbus.testing import LocalBus
 from tests.archive_files import avro_bytes, event_message, record, write_archive
 from tests.closing import closed_after_test
+from tests.run_stores import runs_of
 
 
 class World:
@@ -70,7 +71,7 @@ def rebuild(bus: LocalBus, router: Router, path: Path, *, query: EventQuery | No
                                                   sleep=bus.clock.sleep,
                                                   monotonic=bus.clock.monotonic))
     source = ArchiveSource(bus.store, str(path), processor.locate, selection=selection)
-    report = Rebuild(bus.store, processor, source, run, sleep=bus.clock.sleep,
+    report = Rebuild(runs_of(bus.store), processor, source, run, sleep=bus.clock.sleep,
                      monotonic=bus.clock.monotonic).run()
     bus.drain()
     return report
@@ -119,7 +120,7 @@ def test_archived_events_without_records_become_new_records_and_bad_files_are_li
     assert kept is not None and kept["event_status"] == "SUCCESS"
     (entry,) = kept["replays"]
     assert entry["source"] == "archive" and "new_record" not in entry
-    saved = bus.store.rebuild_get(report.rebuild_id)
+    saved = runs_of(bus.store).rebuild_get(report.rebuild_id)
     assert saved is not None and saved["archive"] == str(tmp_path)
     assert saved["status"] == "finished" and saved["counts"]["rebuilt"] == 3
 

@@ -19,9 +19,10 @@ from typing import Any
 from pymongo.database import Database
 
 from eventbus.clock import Shift
+from eventbus.settings import Settings
 from eventbus.store.mongo import MongoEventStore
 from eventbus.testing import FakeClock
-from tests.sim.world import LEASE
+from tests.sim.world import LEASE, SETTINGS
 
 SIM_START = datetime.now(UTC).replace(microsecond=500000)
 """Where a MongoDB world's virtual clock starts: now, so the server's TTL monitor never
@@ -49,16 +50,26 @@ class Following(Shift):
         raise TypeError("a Following shift moves with its clock; advance that")
 
 
+class SimMongoStore(MongoEventStore):
+    """A world's MongoDB store, with the settings its feature stores are built from: the
+    world's own partners and rebuilds collections (``eventbus.partners.store.store_beside``),
+    so no two worlds of one database share a breaker or a run."""
+
+    feature_settings: Settings
+
+
 def mongo_store(database: Database[Any], made: list[MongoEventStore]) -> Callable[[FakeClock], Any]:
     """A world's store factory: a ``MongoEventStore`` in ``database``, appended to ``made``."""
 
     def build(clock: FakeClock) -> MongoEventStore:
         suffix = uuid.uuid4().hex[:8]
-        store = MongoEventStore(
+        store = SimMongoStore(
             database[f"events_{suffix}"], created_by="sim", retention=timedelta(days=30),
             lease=timedelta(seconds=LEASE), guard_collection=f"side_effects_{suffix}",
-            partner_collection=f"partners_{suffix}", rebuild_collection=f"rebuilds_{suffix}",
             shift=Following(clock))
+        # model_copy, as the world's SETTINGS were made: its zero waits are no variable's.
+        store.feature_settings = SETTINGS.model_copy(update=dict(
+            partner_collection=f"partners_{suffix}", rebuild_collection=f"rebuilds_{suffix}"))
         store.ensure_indexes()
         made.append(store)
         return store

@@ -65,6 +65,7 @@ from eventbus.partners.view import steer
 from eventbus.processor import Heartbeat, Processor, Result
 from eventbus.rebuild.mode import ReplayProcessor
 from eventbus.rebuild.runner import AGAIN, Rebuild, Report, Selection, StoredSource, new_run
+from eventbus.rebuild.store import RunStore, runs_beside
 from eventbus.settings import Settings
 from eventbus.store.base import EventStore
 from eventbus.store.memory import MemoryEventStore
@@ -295,10 +296,22 @@ class World:
         actor.processor = processor
         return processor
 
+    @property
+    def feature_settings(self) -> Settings:
+        """The settings the feature stores beside the world's store are built from (a MongoDB
+        world's own collections: ``tests.sim.mongo.SimMongoStore``)."""
+        return cast(Settings, getattr(self.store, "feature_settings", SETTINGS))
+
     def partner_store(self, actor: Actor) -> PartnerStore:
         """The partners' store beside the world's, behind ``actor``'s proxy: every breaker
         and rate call a scheduling point, as the event store's are."""
-        return cast(PartnerStore, SimStore(store_beside(self.store, SETTINGS), self, actor))
+        return cast(PartnerStore, SimStore(store_beside(self.store, self.feature_settings),
+                                           self, actor))
+
+    def run_store(self, actor: Actor) -> RunStore:
+        """The rebuild's run store beside the world's, behind ``actor``'s proxy."""
+        return cast(RunStore, SimStore(runs_beside(self.store, self.feature_settings), self,
+                                       actor))
 
     def partners(self, actor: Actor, clock: Callable[[], datetime]) -> Partners:
         """``actor``'s partners over its proxied partners' store, on the world's waits."""
@@ -706,7 +719,7 @@ class World:
         """``eventbus rebuild`` (its first run, maybe stopped early) or ``--resume``."""
         if not resume:
             self.scheduler.sleep(self.rng.uniform(0.0, 30.0), "interval")
-        saved = self.store.rebuild_get(REBUILD_ID)
+        saved = runs_beside(self.store, self.feature_settings).rebuild_get(REBUILD_ID)
         # A first run that died (or met the store away) before its first checkpoint left no
         # run document: ``--resume`` would refuse the id (OPERATORS.md, rebuild step 4), so
         # the operator starts the same rebuild again: its selection, not a new one drawn
@@ -732,7 +745,8 @@ class World:
         processor.handler_loop = SimHandlerLoop(self.scheduler, actor)  # type: ignore[assignment]
         actor.processor = processor
         source = StoredSource(store, Selection.from_json(run["selection"]))
-        job = Rebuild(store, processor, source, run, batch=self.rng.randint(1, 3), retries=1,
+        job = Rebuild(self.run_store(actor), processor, source, run,
+                      batch=self.rng.randint(1, 3), retries=1,
                       pause=2.0, monotonic=self.scheduler.now, sleep=self.scheduler.sleep)
         count = job.report.add
 

@@ -16,6 +16,7 @@ from eventbus.model.context import Context
 from eventbus.model.router import Router
 from eventbus.testing import LocalBus
 from tests.rebuild_support import ENTITY, LEASE, Crash, audits, crashing, job, local_bus
+from tests.run_stores import runs_of
 
 
 class World:
@@ -116,14 +117,15 @@ def test_a_resumed_rebuild_finishes_the_events_a_crash_left_leased() -> None:
         first.run()
     undo()
     rebuild_id = first.report.rebuild_id
-    early = job(bus, world.router(), run=bus.store.rebuild_get(rebuild_id), retries=1).run()
+    saved = runs_of(bus.store).rebuild_get(rebuild_id)
+    early = job(bus, world.router(), run=saved, retries=1).run()
     assert early.counts["busy"] == 3 and all(world.replayed(k) == 0 for k in keys)
     bus.clock.advance(LEASE + 1)  # the dead run's leases lapse
-    late = job(bus, world.router(), run=bus.store.rebuild_get(rebuild_id)).run()
+    late = job(bus, world.router(), run=runs_of(bus.store).rebuild_get(rebuild_id)).run()
     assert all(world.replayed(k) == 1 for k in keys)  # each once, none skipped
     assert all(len(audits(bus, k, rebuild_id)) == 1 for k in keys)
     assert late.counts["rebuilt"] == 3 and late.counts["busy"] == 0
-    saved = bus.store.rebuild_get(rebuild_id)
+    saved = runs_of(bus.store).rebuild_get(rebuild_id)
     assert saved is not None and saved["report"]["unfinished"] == []
     again = job(bus, world.router(), run=saved).run()  # a further resume runs nothing twice
     assert all(world.replayed(k) == 1 for k in keys) and again.counts["rebuilt"] == 3
@@ -140,11 +142,11 @@ def test_a_resume_runs_an_event_its_run_passed_while_the_entity_was_busy() -> No
     with pytest.raises(Crash):
         first.run()  # batch 1's claim leased keys[0]; the process died
     undo()
-    second = job(bus, world.router(), run=bus.store.rebuild_get(first.report.rebuild_id), batch=1,
-                 retries=0)
+    saved = runs_of(bus.store).rebuild_get(first.report.rebuild_id)
+    second = job(bus, world.router(), run=saved, batch=1, retries=0)
     report = second.run()
     assert report.counts["busy"] == 1 and world.replayed(keys[1]) == 1
-    saved = bus.store.rebuild_get(report.rebuild_id)
+    saved = runs_of(bus.store).rebuild_get(report.rebuild_id)
     assert saved is not None and saved["report"]["last_key"] == keys[1]
     assert saved["report"]["unfinished"] == [keys[0]]
     bus.clock.advance(LEASE + 1)
@@ -193,7 +195,7 @@ def test_an_applied_event_still_failing_is_left_for_the_resume() -> None:
     report = job(bus, routes, keys=tuple(keys), retries=1).run()
     assert report.unfinished == [keys[1]] and audits(bus, keys[1], report.rebuild_id) == []
     failing["on"] = False
-    job(bus, routes, run=bus.store.rebuild_get(report.rebuild_id)).run()
+    job(bus, routes, run=runs_of(bus.store).rebuild_get(report.rebuild_id)).run()
     assert world.projection == {"o-1": "OR_DLV"}
     assert [entry["outcome"] for entry in audits(bus, keys[1], report.rebuild_id)] == ["rebuilt"]
 
@@ -227,12 +229,12 @@ def test_a_resume_runs_the_first_plan_though_an_older_event_of_an_entity_finishe
     stale_before = interrupted.counts["stale"]  # A1 alone in its batch: A2 is applied
     assert bus.redeliver(later).outcome.value == "processed"  # event 3 succeeds now
     rebuild_id = first.report.rebuild_id
-    resumed = job(bus, routes, run=bus.store.rebuild_get(rebuild_id), batch=1).run()
+    resumed = job(bus, routes, run=runs_of(bus.store).rebuild_get(rebuild_id), batch=1).run()
     assert [entry["outcome"] for key in seconds for entry in audits(bus, key, rebuild_id)] == \
         ["stale", "stale"]
     assert resumed.counts["stale"] == stale_before + 2 and audits(bus, later, rebuild_id) == []
     assert world.projection == {"o-A": "OR_DLV", "o-B": "OR_DLV"}
-    assert bus.store.rebuild_plan(rebuild_id) == [*firsts, *seconds]
+    assert runs_of(bus.store).rebuild_plan(rebuild_id) == [*firsts, *seconds]
 
 
 def test_a_resume_over_the_stored_plan_still_names_a_given_key_with_no_record() -> None:
@@ -244,7 +246,7 @@ def test_a_resume_over_the_stored_plan_still_names_a_given_key_with_no_record() 
     first = job(bus, world.router(), keys=(known, "p:p1:nobody:OR_MGMT:0"))
     first.run(stop_after=0)
     assert first.source.missing == ["p:p1:nobody:OR_MGMT:0"]
-    resumed = job(bus, world.router(), run=bus.store.rebuild_get(first.report.rebuild_id))
+    resumed = job(bus, world.router(), run=runs_of(bus.store).rebuild_get(first.report.rebuild_id))
     resumed.run()
     assert resumed.source.missing == ["p:p1:nobody:OR_MGMT:0"]
     assert world.replayed(known) == 1

@@ -19,8 +19,8 @@ from typing import Any, TextIO
 
 from eventbus.model.status import Status
 from eventbus.ops.render import safe
-from eventbus.rebuild import documents as rebuilds
 from eventbus.store.base import EventStore
+from eventbus.store.documents import replays as rebuilds
 
 STALE = "SUCCESS(stale)"
 """An ordered handler's event older than its entity's applied position: stored, never run."""

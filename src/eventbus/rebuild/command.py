@@ -46,6 +46,7 @@ from eventbus.rebuild.runner import (
     StoredSource,
     new_run,
 )
+from eventbus.rebuild.store import runs_beside
 from eventbus.store.base import Record
 from eventbus.store.operator_queries import EventQuery
 from eventbus.workers.rate import RateLimit
@@ -110,8 +111,7 @@ def cmd_rebuild(args: argparse.Namespace, tools: Tools) -> int:
 
 
 def _resume(args: argparse.Namespace, tools: Tools, rebuild_id: str) -> int:
-    store = tools.store()
-    run = store.rebuild_get(rebuild_id)
+    run = runs_beside(tools.store(), tools.settings).rebuild_get(rebuild_id)
     if run is None:
         raise UsageError(f"no rebuild {safe(rebuild_id)!r} (see the console's Rebuilds)")
     return _run(args, tools, _router(args, tools), run)
@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace, tools: Tools, router: Router, run: dict[str, 
     except UsageError:
         processor.close()
         raise
-    job = Rebuild(store, processor, source, run, batch=args.batch,
+    job = Rebuild(runs_beside(store, tools.settings), processor, source, run, batch=args.batch,
                   limit=RateLimit(args.rate, burst=1) if args.rate else RateLimit(None),
                   progress=lambda report: _progress(tools, report))
     print(f"rebuild {safe(replay.rebuild_id)} (resume with --resume {safe(replay.rebuild_id)})",

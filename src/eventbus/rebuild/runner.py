@@ -47,6 +47,7 @@ from eventbus.model.status import Status
 from eventbus.processor.intake import Located
 from eventbus.processor.work import Result
 from eventbus.rebuild.mode import ReplayProcessor
+from eventbus.rebuild.store import RunStore
 from eventbus.store.base import Record
 from eventbus.store.operator_queries import EventQuery
 from eventbus.workers.original import NotReplayable, ordering_key, stored_attributes, stored_event
@@ -329,9 +330,10 @@ class Report:
 
 @dataclasses.dataclass
 class Rebuild:
-    """One rebuild run: a source, a replay processor, the store's checkpoint; ``run()``."""
+    """One rebuild run: a source, a replay processor, the run store's checkpoint; ``run()``."""
 
-    store: Any
+    runs: RunStore
+    """Where the run document and the frozen plan are kept (``eventbus.rebuild.store``)."""
     processor: ReplayProcessor
     source: Source
     run_document: dict[str, Any]
@@ -402,7 +404,7 @@ class Rebuild:
         """
         rebuild_id, frozen = str(self.run_document["rebuild_id"]), self.run_document.get("plan")
         size = frozen.get("keys") if isinstance(frozen, Mapping) else None
-        saved = self.store.rebuild_plan(rebuild_id) if size is not None else None
+        saved = self.runs.rebuild_plan(rebuild_id) if size is not None else None
         if saved is not None and len(saved) == size:
             if isinstance(self.source, StoredSource):
                 self.source.resume(saved)
@@ -410,7 +412,7 @@ class Rebuild:
                 self.source.plan()
             return saved
         plan = self.source.plan()
-        self.store.rebuild_plan_save(rebuild_id, plan)
+        self.runs.rebuild_plan_save(rebuild_id, plan)
         self.run_document["plan"] = {"keys": len(plan)}
         return plan
 
@@ -454,8 +456,8 @@ class Rebuild:
         self.run_document.update(status=status, report=report, counts=dict(self.report.counts),
                                  done=self.report.done, total=self.report.total)
         if status in ("finished", "interrupted"):
-            self.run_document["ended"] = self.store.now()
-        self.store.rebuild_save(self.run_document)
+            self.run_document["ended"] = self.runs.now()
+        self.runs.rebuild_save(self.run_document)
 
 
 def _keyed(result: Result, record: Mapping[str, Any] | None) -> Result:
@@ -515,7 +517,7 @@ class RunView:
         return 100 * self.done // self.total if self.total else 100
 
 
-def run_views(store: Any, now: datetime, limit: int = 50) -> list[RunView]:
+def run_views(store: RunStore, now: datetime, limit: int = 50) -> list[RunView]:
     """The ``limit`` newest rebuilds (``rebuild_runs``), running and finished, newest first."""
     return [_run_view(run, now) for run in store.rebuild_runs(limit)]
 

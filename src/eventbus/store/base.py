@@ -395,8 +395,8 @@ class RebuildStore(Clocked, Protocol):
     """What a rebuild uses (``eventbus rebuild``: the processor in replay mode and its runner).
 
     A rebuild leases stored SUCCESS records under ``rebuild_lease`` (never their
-    status), appends one audit entry per record to ``replays`` and keeps its run
-    (selection, checkpoint, counts) in a run document of its own.
+    status) and appends one audit entry per record to ``replays``; its runs and
+    plans are in a store of its own (``eventbus.rebuild.store.RunStore``).
     """
 
     @property
@@ -426,26 +426,6 @@ class RebuildStore(Clocked, Protocol):
         Fenced by the rebuild lease (``Finished.lost``: it lapsed, nothing stored).
         ``Finish.unclaim`` gives the lease back untouched. The status never changes.
         """
-        ...
-
-    def rebuild_save(self, run: Mapping[str, Any]) -> None:
-        """Store (insert or replace) the run document of rebuild ``run["rebuild_id"]``."""
-        ...
-
-    def rebuild_get(self, rebuild_id: str) -> Record | None:
-        """Return the run document of ``rebuild_id``, or None."""
-        ...
-
-    def rebuild_runs(self, limit: int) -> list[Record]:
-        """Return the ``limit`` newest run documents (``started`` descending)."""
-        ...
-
-    def rebuild_plan_save(self, rebuild_id: str, keys: Sequence[str]) -> None:
-        """Store rebuild ``rebuild_id``'s plan (its keys in run order), replacing any before."""
-        ...
-
-    def rebuild_plan(self, rebuild_id: str) -> list[str] | None:
-        """Return the plan ``rebuild_plan_save`` stored for ``rebuild_id``, or None."""
         ...
 
 

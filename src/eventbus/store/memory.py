@@ -25,12 +25,12 @@ from typing import Any
 
 from eventbus.clock import Now, lease_end, utcnow
 from eventbus.model.errors import AlreadyExists, Conflict, LeaseHeld
-from eventbus.rebuild.memory import MemoryRebuildMixin
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
 from eventbus.store.documents import parked as parking
 from eventbus.store.memory_batch import MemoryBatchMixin
 from eventbus.store.memory_ops import MemoryOperatorMixin
+from eventbus.store.memory_replays import MemoryReplayMixin
 
 
 def _keep_rejection(record: Record) -> None:
@@ -55,7 +55,7 @@ class MemoryCollection:
             self.documents.clear()
 
 
-class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryRebuildMixin):
+class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryReplayMixin):
     """The store primitives on a dict; safe to share between threads."""
 
     def __init__(self, *, lease: timedelta = timedelta(seconds=60), created_by: str = "memory",
@@ -64,8 +64,6 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryRebuildMixin
         self._clock = clock
         self._events: dict[str, Record] = {}
         self._guards: dict[str, Record] = {}
-        self._rebuilds: dict[str, Record] = {}
-        self._rebuild_plans: dict[str, list[Record]] = {}
         self._lock = threading.RLock()
         self._lease, self._created_by, self._retention = lease, created_by, retention
         self._database = database
@@ -366,8 +364,6 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryRebuildMixin
         with self._lock:
             self._events.clear()
             self._guards.clear()
-            self._rebuilds.clear()
-            self._rebuild_plans.clear()
             for collection in self._collections.values():
                 collection.clear()
 

@@ -33,7 +33,6 @@ from eventbus.model.errors import (
     Conflict,
     LeaseHeld,
 )
-from eventbus.rebuild.mongo import MongoRebuildMixin
 from eventbus.settings import Settings
 from eventbus.store import documents
 from eventbus.store.base import Claim, OutboxEntry, Record
@@ -41,6 +40,7 @@ from eventbus.store.documents import parked as parking
 from eventbus.store.mongo_batch import MongoBatchMixin
 from eventbus.store.mongo_errors import unavailable as _unavailable
 from eventbus.store.mongo_ops import MongoOperatorMixin
+from eventbus.store.mongo_replays import MongoReplayMixin
 from eventbus.store.roundtrips import RoundTrips
 
 
@@ -65,19 +65,17 @@ OUTBOX_INDEX = "outbox.status_1"
 """The outbox sweep's index, one of ``INDEXES``."""
 
 
-class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoRebuildMixin):
+class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoReplayMixin):
     """The storage primitives of the idempotency state machine, on one collection."""
 
     def __init__(self, collection: Collection, *, created_by: str, retention: timedelta,
                  lease: timedelta, guard_collection: str = "side_effects",
                  round_trips: RoundTrips | None = None,
-                 shift: Shift | None = None,
-                 rebuild_collection: str = "rebuilds") -> None:
+                 shift: Shift | None = None) -> None:
         self._collection = collection
         self._shift = shift or Shift()
         self._clock = ServerClock(self._server_time, shift=self._shift)
         self._guards: Collection = collection.database[guard_collection]
-        self._rebuilds: Collection = collection.database[rebuild_collection]
         self._created_by = created_by
         self._retention = retention
         self._lease = lease
@@ -102,8 +100,7 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoRebuildMixin):
                    retention=timedelta(days=settings.retention_days),
                    lease=timedelta(seconds=settings.lease_seconds),
                    guard_collection=settings.guard_collection, round_trips=counter,
-                   shift=shift,
-                   rebuild_collection=settings.rebuild_collection)
+                   shift=shift)
 
     @property
     def round_trips(self) -> RoundTrips:

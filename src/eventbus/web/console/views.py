@@ -18,6 +18,7 @@ from eventbus.ops.render import duration, moment, to_json
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
 from eventbus.partners import view as partner_view
 from eventbus.rebuild.runner import run_views
+from eventbus.rebuild.store import runs_beside
 from eventbus.web.console import Console, charts
 from eventbus.web.console.access import (
     COOKIE,
@@ -191,9 +192,9 @@ def partners() -> str:
 @blueprint.get("/rebuilds")
 def rebuilds() -> str:
     """Running and finished rebuilds with their counts and progress (read-only)."""
-    store = console().store
+    runs = runs_beside(console().store, console().settings)
     # The checkpoints are stamped on the store's clock: their age is read on it too.
-    return flask.render_template("rebuilds.html", runs=run_views(store, store.now()))
+    return flask.render_template("rebuilds.html", runs=run_views(runs, runs.now()))
 
 
 @blueprint.post("/partners")
