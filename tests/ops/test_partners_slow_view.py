@@ -19,6 +19,7 @@ from eventbus.partners import view as partner_view
 from eventbus.settings import Settings
 from tests.ops.conftest import Bus
 from tests.ops.test_console import get, signed_in
+from tests.partner_stores import beside
 
 SLOW = {"breaker_slow_seconds": 2.0, "breaker_slow_share": 0.5, "breaker_slow_min_calls": 4,
         "breaker_slow_window": 4}
@@ -85,5 +86,5 @@ def test_the_console_mounted_in_the_service_shows_its_process_calls_in_flight(
         page = get(browser, "/partners").get_data(as_text=True)
     assert '<td class="in-flight">2</td>' in page
     assert "<strong>this process's</strong>" in page
-    views = partner_view.views(bus.store, bus.settings, dt.datetime.now(dt.UTC), group)
+    views = partner_view.views(beside(bus.store), bus.settings, dt.datetime.now(dt.UTC), group)
     assert [(v.name, v.in_flight) for v in views] == [("acme", 0)]
