@@ -31,6 +31,7 @@ import ast
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -479,6 +480,34 @@ def test_the_package_map_names_every_package_and_top_level_module() -> None:
     parts |= {path.stem for path in (SRC / "eventbus").glob("*.py")
               if path.stem not in ("__init__", "__main__", "_moved")}
     assert sorted(name for name in parts if f"``eventbus.{name}``" not in doc) == []
+
+
+def package_maps() -> dict[str, tuple[list[str], list[str]]]:
+    """Each package (stubs aside) → (its modules and packages its docstring never names,
+    the bullet names of its docstring that are no module of it)."""
+    found = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        package = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if package == PACKAGE or is_stub(init):
+            continue
+        dotted = ".".join(package.relative_to(SRC).parts)
+        children = {path.stem for path in package.glob("*.py") if path.stem != "__init__"}
+        children |= {path.parent.name for path in package.glob("*/__init__.py")}
+        unnamed = sorted(child for child in children if not child.startswith("_")
+                         and f"``{child}``" not in doc and f"``{child}/``" not in doc
+                         and f"``{dotted}.{child}``" not in doc)
+        gone = sorted(name for name in re.findall(r"^\* ``([a-z_]+)``", doc, re.MULTILINE)
+                      if name not in children)
+        found[dotted] = (unnamed, gone)
+    return found
+
+
+def test_every_package_docstring_names_its_modules_and_only_those() -> None:
+    maps = package_maps()
+    assert {"eventbus.partners", "eventbus.rebuild.verify", "eventbus.store.documents"} <= set(
+        maps)
+    assert {package: where for package, where in maps.items() if where != ([], [])} == {}
 
 
 def test_the_app_uses_no_cli_internals() -> None:

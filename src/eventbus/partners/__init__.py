@@ -11,6 +11,7 @@ A handler calls out through ``context.partner(partner_id).call(...)`` (or
 * ``bulkhead``: a cap on one partner's calls in flight in a process;
 * ``slow_calls``: a process's window of a partner's latest calls;
 * ``documents``: the stored breaker and rate-bucket documents, pure builders;
+* ``store``: ``PartnerStore``, the feature's store protocol, and ``store_beside``;
 * ``mongo`` / ``memory``: the store's partner primitives, on MongoDB and on a dict;
 * ``parked``: which parked events the redrive sweeper may bring back (``Gate``);
 * ``view``: the operator's view (``eventbus partners``, the console's Partners page);

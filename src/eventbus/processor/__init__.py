@@ -21,6 +21,12 @@ batch → relay what succeeded (``pipeline``). Each item's outcome is one of:
 * another worker took the lease meanwhile       → LEASE_LOST (503), its holder decides
 * the store is unreachable                      → UNAVAILABLE (503), nothing changed
 
+The modules: ``pipeline`` (``Processor``, the stages), ``intake`` (locate),
+``rejections`` (what is refused and stored FAILED), ``heartbeat`` (lease renewal),
+``ordering`` (per-entity lanes and holds), ``handler_loop`` (the event loop of the
+``async def`` handlers), ``work`` (an item's state through the stages), ``middleware``.
+Moved: ``replay_mode`` (now ``eventbus.rebuild.mode``), a stub that warns.
+
 ``eventbus.web.http_status`` turns outcomes into status codes; the pull
 worker acks or nacks on the same ``Outcome.acked``. Observers (telemetry, the
 worker's batch timings) are ``middleware`` around the stages.

@@ -1,7 +1,7 @@
 """The Google-specific edges: the push envelope, push authentication, the publisher.
 
 * ``envelope``: a push request (wrapped, unwrapped, CloudEvent) → ``Delivery``;
-* ``auth``: verifies the OIDC token Pub/Sub signs (google-auth, requests);
+* ``push_auth``: verifies the OIDC token Pub/Sub signs (google-auth, requests);
 * ``message``: the standard message, built and validated without any client;
 * ``publisher``: google-cloud-pubsub; ``publish()`` for other services.
 

@@ -5,7 +5,8 @@
 * ``runner``: ``Rebuilder``, a rebuild's plan, pages, progress, stored run and report;
 * ``command``: ``eventbus rebuild``;
 * ``documents``: the stored run and plan documents (the ``rebuilds`` collection);
-* ``mongo`` / ``memory``: the store's rebuild primitives, on MongoDB and on a dict;
+* ``store``: ``RunStore``, the feature's store protocol, and ``runs_beside``;
+* ``mongo`` / ``memory``: ``MongoRunStore`` and ``MemoryRunStore``, beside the event store;
 * ``verify/``: ``eventbus verify``, the router run in a sandbox against stored records;
 * ``archive/``: the Avro archive a Cloud Storage subscription writes, read back.
 

@@ -1,15 +1,24 @@
-"""Storage: the only layer that talks to the collections.
+"""Storage of the event collection (and the guard's records): the only core layer that
+talks to a collection.
 
 * ``base``: the store protocol (``EventStore``), one protocol per user of it
-  (``ProcessorStore``, ``RenewingStore``, ``GuardStore``, ``PartnerStore``,
-  ``OutboxStore``, ``RedriveStore``), and ``Claim``;
+  (``ProcessorStore``, ``RenewingStore``, ``GuardStore``, ``ParkedEvents``,
+  ``OutboxStore``, ``RedriveStore``, ``RebuildStore``), and ``Claim``;
 * ``documents``: pure builders of the stored documents, filters and updates;
-* ``mongo``: ``MongoEventStore``, the MongoDB implementation (pymongo);
-* ``memory``: ``MemoryEventStore``, the same primitives on a dict, for tests;
+* ``mongo``: ``MongoEventStore``, the MongoDB implementation (pymongo), with its
+  mixins ``mongo_batch`` (batches), ``mongo_ops`` (operator reads and repairs),
+  ``mongo_replays`` (a rebuild's claims), and ``mongo_errors`` (pymongo's errors
+  as ``StoreUnavailable``);
+* ``memory``: ``MemoryEventStore``, the same primitives on a dict, for tests, with
+  ``memory_batch``, ``memory_ops`` and ``memory_replays``; it is also the memory
+  database the features' memory stores keep their collections in;
+* ``operator_queries``: the operator's queries (``OperatorStore``);
 * ``roundtrips``: a per-store counter of the commands sent to MongoDB.
 
-May import: ``eventbus.model``, ``eventbus.settings``, and pymongo (only in
-``mongo`` and ``roundtrips``). Never the processor, transports or operations.
+The features keep their own stores beside this one (``eventbus.partners.store``,
+``eventbus.rebuild.store``). May import: ``eventbus.model``, ``eventbus.settings``,
+``eventbus.clock``, and pymongo (only in the ``mongo`` modules and ``roundtrips``).
+Never the processor, transports, operations or a feature.
 Importing this package does not import pymongo.
 """
 

@@ -1,12 +1,16 @@
 """Telemetry: spans and metrics through OpenTelemetry's SDK, off by default.
 
-* ``from_settings``: the telemetry a service's settings ask for;
+``from_settings`` (here) is the telemetry a service's settings ask for.
+
 * ``core``: ``Telemetry``, the default: no middleware, every call a no-op;
 * ``otel``: ``OtelTelemetry``, providers, the relay's spans, metrics on the SDK's public API;
 * ``stages``: ``StageTelemetry``, the middleware around the processor's stages
   (message, claim, handler, finish and relay spans; per-message metrics);
 * ``providers``: providers, exporters, views and propagators from ``Settings``;
 * ``names``: the metric and attribute names it exports.
+
+A feature's gauges are handed in (``Telemetry.observe``: ``eventbus.partners.gauges``).
+Moved: ``partner_gauges`` (now ``eventbus.partners.gauges``), a stub that warns.
 
 May import: ``eventbus.settings``, ``eventbus.correlation``, ``eventbus.processor``
 (the middleware protocol and the items it wraps) and ``eventbus.model``.

@@ -1,16 +1,16 @@
 """Workers: long-running consumers and sweepers beside the push service.
 
-* ``batch``: a batch of deliveries through the same processor, router and
-  handlers as push, claimed and finished with one store round trip each;
 * ``rate``: the events-per-second ceiling for rate-limited partners;
 * ``pull``: the StreamingPull subscriber loop, ack/nack and shutdown;
   ``subscriber``: its google-cloud-pubsub subscription; ``metrics``: its counters;
 * ``command``: ``eventbus worker`` (console script and ``python -m eventbus worker``);
 * ``redrive``: the store-driven redrive sweeper (``eventbus redrive``);
-* ``rebuild``: the message a stored record came from, rebuilt (redrive and replay);
+* ``original``: the message a stored record came from, rebuilt (redrive and replay);
 * ``sweeper``: the sweepers' loops, once or every interval (``eventbus relay``,
   ``eventbus redrive``);
 * ``deadletter``: the dead-letter drain (``eventbus dlq drain``).
+
+Moved: ``parked`` (now ``eventbus.partners.parked``), a stub that warns.
 
 May import: ``eventbus.model``, ``eventbus.settings``, ``eventbus.store`` (the
 protocol and documents), ``eventbus.processor``, ``eventbus.outbox``,

@@ -14,7 +14,8 @@ and public-topic forwards it would emit with the parent's stored outbox.
 * ``runner``: ``Verifier`` (one ``Verdict`` per record) and ``Report``;
 * ``sample``: the recorded sample file (JSON lines), read and written;
 * ``from_archive``: ``--from-archive``: an archive's events, each against its
-  stored record while there is one, else against the children the archive holds.
+  stored record while there is one, else against the children the archive holds;
+* ``command``: ``eventbus verify`` itself (its options, its report).
 
 The input is any iterable of stored-record-like mappings (``Verifier.verify``):
 the store's records, a sample file's, or an archive's stand-ins (``from_archive``).

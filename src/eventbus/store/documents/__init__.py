@@ -10,7 +10,11 @@ functions build, and the unit tests check them without a server.
 * ``entities``: entity records of ordered handlers (applied position, holder);
 * ``side_effects``: the side-effect guard's records;
 * ``summaries``: what operator views read of each event;
-* ``refusals``: which store errors mean "this content cannot be stored".
+* ``refusals``: which store errors mean "this content cannot be stored";
+* ``parked``: parked events (waiting for a partner) and how often they waited;
+* ``replays``: a rebuild's lease, audit entries and made records on the event records.
+
+Moved: ``partner_documents`` (now ``eventbus.partners.documents``), a stub that warns.
 
 Each name is importable from here too (``documents.bson_time``), the one
 import the stores and the processor need.

@@ -4,6 +4,9 @@
 * ``mount_console(app, config, url_prefix="/console")``: the same pages inside the service
   app (the store and the processor's ``locate`` are the service's own).
 
+Its modules: ``views`` (the pages), ``access`` (who may sign in: IAP or a local token,
+CSRF), ``charts`` (the inline SVG charts), ``serving`` (``eventbus console``'s server).
+
 Pages: the overview (counts by status and type; throughput and failure rate
 over the last hours as an inline SVG chart), the failed groups, an event (its
 document, its attempt timeline, its error, its cascade as a tree of links), a
