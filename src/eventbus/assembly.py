@@ -7,8 +7,13 @@ around its stages. ``eventbus.web.app.create_app`` puts a Flask app in front
 of them; ``eventbus.workers.pull.create_worker`` a pull subscription. Nothing
 here imports Flask, so a worker process never loads it.
 
+It builds the features too and hands them in: the processor's ``Partners``
+(``eventbus.partners``, over the partners' store beside the event store) and
+their gauges to telemetry (``Telemetry.observe``). Deleting a feature starts here.
+
 May import: ``eventbus.processor``, ``eventbus.outbox``, ``eventbus.telemetry``,
-``eventbus.pubsub``, ``eventbus.store``, ``eventbus.model``, ``eventbus.settings``.
+``eventbus.pubsub``, ``eventbus.store``, ``eventbus.model``, ``eventbus.settings``,
+and the features (``eventbus.partners``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ so it ends within its deadline however the app wired its session).
   may go at once, then one per interval. Over any span ``T``, at most
   ``rate * T + burst`` calls go, wherever ``T`` starts (no window boundary to
   straddle). The store decides on its own clock, in one round trip
-  (``EventStore.rate_take``), so instances whose clocks differ by minutes
+  (``PartnerStore.rate_take``), so instances whose clocks differ by minutes
   share it exactly. A call over it takes the next token and waits for it when
   that is at most ``partner_rate_wait_seconds`` away.
 * **Slow calls.** A call that takes ``breaker_slow_seconds`` or more (timed
@@ -50,13 +50,13 @@ so it ends within its deadline however the app wired its session).
   ``BreakerOpen``, ``RateLimited`` or ``BulkheadFull`` (``PartnerPaused``) with the time it may
   go through; the processor parks the event until then (stored, acked) and
   the store-driven redrive brings it back (all of them at once when a probe
-  closes the breaker: ``EventStore.unpark``). The failure that opens the
+  closes the breaker: ``ParkedEvents.unpark``). The failure that opens the
   breaker, or fails its probe, raises ``BreakerOpen`` too (from the error), so
   the probing event waits with the others instead of spending its redrives.
 
 State moves by pure functions (``admit``, ``succeeded``, ``failed``,
 ``slowed``, ``recorded``, ``forced``) over ``BreakerState``, written back by compare-and-swap
-(``EventStore.breaker_swap``): single-document writes, no transaction.
+(``PartnerStore.breaker_swap``): single-document writes, no transaction.
 
 **Async.** ``call_async`` is ``call`` for an async effect, with the same
 breaker and rate decisions (the same pure functions over the same stored

@@ -7,7 +7,7 @@ park is always of a closed one), but only one per pass of a partner whose
 breaker is open past its time (its probe), and none while the breaker still
 refuses (open, a live probe out, or held open by an operator). The others
 stay due, unchanged, and the pass reads past them; a probe that closes the
-breaker makes them all due at once (``EventStore.unpark``).
+breaker makes them all due at once (``ParkedEvents.unpark``).
 """
 
 from __future__ import annotations

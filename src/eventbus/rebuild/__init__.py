@@ -2,7 +2,7 @@
 
 * ``mode``: ``ReplayProcessor``, the processor in replay mode (what differs for a
   handler: ``eventbus.model.rebuild_policy``);
-* ``runner``: ``Rebuilder``, a rebuild's plan, pages, progress, stored run and report;
+* ``runner``: ``Rebuild``, a rebuild's plan, pages, progress, stored run and report;
 * ``command``: ``eventbus rebuild``;
 * ``documents``: the stored run and plan documents (the ``rebuilds`` collection);
 * ``store``: ``RunStore``, the feature's store protocol, and ``runs_beside``;
