@@ -19,9 +19,9 @@ and the features (``eventbus.partners``).
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from collections.abc import Sequence
 
+from eventbus import clock
 from eventbus.model.errors import Classifier
 from eventbus.model.router import Router
 from eventbus.outbox.relay import Relay
@@ -33,10 +33,8 @@ from eventbus.store.base import EventStore
 from eventbus.telemetry import Telemetry
 from eventbus.telemetry import from_settings as telemetry_from_settings
 
-
-def utcnow() -> dt.datetime:
-    """Return the current UTC time, timezone-aware (the default clock is this, unwrapped)."""
-    return dt.datetime.now(dt.UTC)
+utcnow = clock.utcnow
+"""The process's wall clock (``eventbus.clock.utcnow``): kept under this name for ``web.app``."""
 
 
 def default_store(settings: Settings) -> EventStore:

@@ -27,11 +27,46 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 Now = Callable[[], datetime]
-"""A clock: returns the current time, timezone-aware."""
+"""A clock: returns the current time, timezone-aware. The one name for it: the
+processor's and telemetry's ``Clock`` are this type under the names they used."""
 Monotonic = Callable[[], float]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A whole clock, as ``eventbus.testing.FakeClock`` is one: the time, a wait, a monotonic
+    reading. Code handed a ``Clock`` as its ``now`` waits and times on it too (partners)."""
+
+    def __call__(self) -> datetime:
+        """The current time, timezone-aware."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on this clock."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds that only move forward, for timing waits and calls."""
+        ...
+
+
+class SystemClock:
+    """The process's own clock as a ``Clock``: ``utcnow``, ``time.sleep``, ``time.monotonic``."""
+
+    def __call__(self) -> datetime:
+        """The wall clock, UTC."""
+        return utcnow()
+
+    def sleep(self, seconds: float) -> None:
+        """Really wait."""
+        time.sleep(seconds)
+
+    def monotonic(self) -> float:
+        """``time.monotonic``."""
+        return time.monotonic()
 
 _MILLISECOND = timedelta(milliseconds=1)
 

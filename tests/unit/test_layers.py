@@ -95,7 +95,7 @@ PROCESSOR_MAY_IMPORT = ("eventbus.model", "eventbus.settings", "eventbus.store.b
                         "eventbus._moved")
 TELEMETRY_MAY_IMPORT = ("eventbus.settings", "eventbus.correlation", "eventbus.model",
                         "eventbus.processor", "eventbus.telemetry", "opentelemetry",
-                        "prometheus_client", "eventbus._moved")
+                        "prometheus_client", "eventbus._moved", "eventbus.clock")
 GOOGLE_CLIENT = ("google",)
 GOOGLE_CLIENT_MODULES = {"eventbus/workers/subscriber.py", "eventbus/workers/deadletter.py"}
 COLLECTION_METHODS = frozenset({

@@ -87,6 +87,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from eventbus.clock import Clock, SystemClock
 from eventbus.model.errors import (
     BreakerOpen,
     BulkheadFull,
@@ -366,9 +367,9 @@ class Partners:
         """Set in replay mode without new calls: why ``Partner.call`` refuses."""
         self.policy = Policy.from_settings(settings)
         self.classifier = classifier or Classifier()
-        self.sleep = sleep or getattr(now, "sleep", None) or time.sleep
-        self.monotonic: Callable[[], float] = monotonic or getattr(now, "monotonic", None) \
-            or time.monotonic
+        whole = now if isinstance(now, Clock) else SystemClock()  # a FakeClock's waits too
+        self.sleep = sleep or whole.sleep
+        self.monotonic: Callable[[], float] = monotonic or whole.monotonic
         # Keyed by stored name, as every lookup is (``rate`` gets a ``Partner.name``).
         self.rates = {partner_name(name): rate for name, rate in settings.partner_rates}
         self.concurrencies = {partner_name(name): cap

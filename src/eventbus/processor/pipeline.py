@@ -33,9 +33,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from eventbus.clock import Now
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
 from eventbus.model.content import error_text
@@ -100,12 +101,8 @@ class BatchAfterSuccess(Protocol):
         ...
 
 
-class Clock(Protocol):
-    """Returns the current time, timezone-aware; tests pass a fake to move time."""
-
-    def __call__(self) -> datetime:
-        """Return the current time."""
-        ...
+Clock = Now
+"""The processor's clock: ``eventbus.clock.Now`` (tests pass a ``FakeClock`` to move time)."""
 
 
 class Processor:

@@ -16,11 +16,14 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from eventbus.clock import Now, utcnow
+
 if TYPE_CHECKING:
     from eventbus.correlation import tracecontext
     from eventbus.processor.middleware import Middleware
 
-Clock = Callable[[], dt.datetime]
+Clock = Now
+"""The one clock type (``eventbus.clock.Now``), under the name this package used."""
 
 
 _NOTHING_CARRIED: contextlib.nullcontext[Mapping[str, str]] = contextlib.nullcontext(
@@ -36,7 +39,7 @@ class Telemetry:
     """True when metrics are recorded."""
 
     def __init__(self, *, now: Clock | None = None) -> None:
-        self.now = now or (lambda: dt.datetime.now(dt.UTC))
+        self.now = now or utcnow
 
     def middleware(self) -> list[Middleware]:
         """The hooks around the processor's stages: none."""
