@@ -61,21 +61,28 @@ class Facts:
     duplicate). Not final: Pub/Sub redelivers it (a nack) or the store redrives it."""
     again: bool = False
     """A rebuild runs the event again in the same run (its entity busy, the store away)."""
+    failed: bool = False
+    """The attempt failed: the message's span ends with an error status (telemetry)."""
+    settles: bool = False
+    """This delivery settled the event: its attempts and its publish-to-settle time are
+    measured (a duplicate or a conflict settled nothing; a retry, nothing yet)."""
 
 
 FACTS: Mapping[Outcome, Facts] = MappingProxyType({
-    Outcome.PROCESSED: Facts(200, logging.INFO, final=True),
+    Outcome.PROCESSED: Facts(200, logging.INFO, final=True, settles=True),
     Outcome.DUPLICATE: Facts(200, logging.INFO, final=True),
     # Acked: the record is FAILED for good; an operator's attention, hence ERROR.
-    Outcome.REJECTED: Facts(200, logging.ERROR, "permanent", final=True),
-    Outcome.RETRY: Facts(503, logging.WARNING, "transient"),
+    Outcome.REJECTED: Facts(200, logging.ERROR, "permanent", final=True, failed=True,
+                             settles=True),
+    Outcome.RETRY: Facts(503, logging.WARNING, "transient", failed=True),
     Outcome.IN_PROGRESS: Facts(503, logging.WARNING, "in_progress", again=True),
-    Outcome.UNAVAILABLE: Facts(503, logging.WARNING, "store_unavailable", again=True),
+    Outcome.UNAVAILABLE: Facts(503, logging.WARNING, "store_unavailable", again=True,
+                                failed=True),
     Outcome.CONFLICT: Facts(200, logging.INFO, "conflict", final=True),
-    Outcome.LEASE_LOST: Facts(503, logging.WARNING, "lease_lost", again=True),
+    Outcome.LEASE_LOST: Facts(503, logging.WARNING, "lease_lost", again=True, failed=True),
     # Acked, not final: the store redrives a parked event when its partner takes calls
     # again, and a 503 would slow every other partner's pushes.
     Outcome.PARKED: Facts(200, logging.INFO, "parked"),
-    Outcome.STALE: Facts(200, logging.INFO, final=True),
+    Outcome.STALE: Facts(200, logging.INFO, final=True, settles=True),
 })
 """Each outcome's facts: the one table (issue 41)."""

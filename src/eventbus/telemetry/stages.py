@@ -28,13 +28,12 @@ from opentelemetry.trace import Span
 
 from eventbus.correlation import tracecontext
 from eventbus.model.delivery import Delivery
+from eventbus.model.outcome import FACTS
 from eventbus.processor.middleware import Middleware
 from eventbus.processor.work import Item, Result
 from eventbus.telemetry import names
 
 UNROUTED = "(unrouted)"
-_FAILED = frozenset({"retry", "rejected", "unavailable", "lease_lost"})
-_FINAL = frozenset({"processed", "replayed", "rejected", "stale"})
 _NOTE = "eventbus.telemetry"
 _STORE_STEPS = frozenset({"claim", "finish"})
 
@@ -98,12 +97,12 @@ class Observed:
             span.update_name(f"message {self.event_type}")
         span.set_attributes({**labels, names.IDEMPOTENCY_KEY: text(result.key),
                              names.ATTEMPT: result.attempt})
-        if labels[names.OUTCOME] in _FAILED:
+        if FACTS[result.outcome].failed:
             span.set_status(trace.Status(trace.StatusCode.ERROR, labels[names.OUTCOME]))
 
     def _count(self, instruments: Any, result: Result, labels: dict[str, str]) -> None:
         instruments.count(labels[names.EVENT_TYPE], labels[names.OUTCOME])
-        if labels[names.OUTCOME] not in _FINAL:
+        if not FACTS[result.outcome].settles:
             return
         by_type = {names.EVENT_TYPE: labels[names.EVENT_TYPE]}
         if result.attempt > 0:
