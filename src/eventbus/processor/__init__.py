@@ -24,7 +24,8 @@ batch → relay what succeeded (``pipeline``). Each item's outcome is one of:
 The modules: ``pipeline`` (``Processor``, the stages), ``intake`` (locate),
 ``rejections`` (what is refused and stored FAILED), ``heartbeat`` (lease renewal),
 ``ordering`` (per-entity lanes and holds), ``handler_loop`` (the event loop of the
-``async def`` handlers), ``work`` (an item's state through the stages), ``middleware``.
+``async def`` handlers), ``work`` (an item's state through the stages), ``middleware``,
+``mode`` (the declared steps a mode may replace: ``Mode``, ``LiveMode``).
 Moved: ``replay_mode`` (now ``eventbus.rebuild.mode``), a stub that warns.
 
 ``eventbus.web.http_status`` turns outcomes into status codes; the pull

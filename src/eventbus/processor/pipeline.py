@@ -18,6 +18,9 @@
 
 A store that cannot be reached leaves every undecided item UNAVAILABLE. The
 stages make no telemetry calls: observers are ``Middleware`` around them.
+Where a mode may decide otherwise (what the claim takes, what a handler's
+success or failure stores, ...), a stage calls the processor's ``mode``
+(``eventbus.processor.mode.Mode``: those steps, declared; live: ``LiveMode``).
 """
 
 from __future__ import annotations
@@ -39,15 +42,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 from eventbus.clock import Now
 from eventbus.correlation import tracecontext
 from eventbus.guard import Guard
-from eventbus.model.content import error_text
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
 from eventbus.model.errors import (
     AttemptCapReached,
-    Classification,
     Classifier,
     ContentRejected,
-    PartnerPaused,
     StoreUnavailable,
 )
 from eventbus.model.outcome import Outcome
@@ -56,20 +56,17 @@ from eventbus.processor.handler_loop import HandlerLoop
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
 from eventbus.processor.middleware import Middleware
-from eventbus.processor.ordering import Lane, Lanes, applied_fields, stale_pending
-from eventbus.processor.rejections import Rejections, brief, existing
+from eventbus.processor.mode import LiveMode, Mode
+from eventbus.processor.ordering import Lane, Lanes, applied_fields
+from eventbus.processor.rejections import Rejections
 from eventbus.processor.work import Item, Pending, Result
 from eventbus.settings import Settings
-from eventbus.store import documents
 from eventbus.store.base import (
-    BatchClaim,
     EntityHolds,
     EntityRelease,
     Finish,
-    Finished,
     ProcessorStore,
 )
-from eventbus.store.documents import parked as parking
 
 if TYPE_CHECKING:  # handed in by eventbus.assembly: the core never imports a feature
     from eventbus.partners import Partners
@@ -108,17 +105,14 @@ Clock = Now
 class Processor:
     """Runs batches of deliveries through the state machine against a store and a router."""
 
-    moves_position = True
-    """The entity's position moves with each ordered SUCCESS (a rebuild,
-    ``eventbus.rebuild.mode``, re-runs old events in order and never moves it)."""
-
     def __init__(self, store: ProcessorStore, router: Router, settings: Settings, now: Clock,
                  after_success: AfterSuccess | None = None,
                  classifier: Classifier | None = None, heartbeat: Heartbeat | None = None,
                  middleware: Sequence[Middleware] = (), concurrency: int = 1,
                  sleep: Callable[[float], None] = time.sleep,
                  monotonic: Callable[[], float] = time.monotonic,
-                 partners: Partners | None = None) -> None:
+                 partners: Partners | None = None,
+                 mode: Callable[[Processor], Mode] = LiveMode) -> None:
         self.store, self.router, self.settings, self.now = store, router, settings, now
         router.check()  # a forward of an internal or unhandled type stops the app here
         self.after_success, self.middleware = after_success, tuple(middleware)
@@ -142,6 +136,10 @@ class Processor:
         self.handler_loop = HandlerLoop(settings.async_concurrency,
                                         block_warning=settings.async_block_warning_seconds)
         """Where ``async def`` handlers run: one loop, started with the first of them."""
+        self.mode: Mode = mode(self)
+        """The steps the stages call where a mode may decide otherwise (``Mode``; live:
+        ``LiveMode``, a rebuild: ``eventbus.rebuild.mode.ReplayMode``), built with this
+        processor."""
 
     def ensure_indexes(self) -> None:
         """Prepare the store and the partners' store it was handed (their indexes)."""
@@ -239,32 +237,13 @@ class Processor:
             return [], None, 0.0
         claimed_at = self._monotonic()
         with self._around("claim", wanted) if self.middleware else _NOTHING:
-            batch = self._claim_batch(wanted)
+            batch = self.mode.claim_batch(wanted)
         for item in wanted:
             item.claim = batch.taken.get(item.key)
             if item.claim is None:
-                item.result = self._not_taken(item, batch.records.get(item.key),
-                                              item.key in batch.refused)
+                item.result = self.mode.not_taken(item, batch.records.get(item.key),
+                                                  item.key in batch.refused)
         return [item for item in wanted if item.claim is not None], batch.holds, claimed_at
-
-    def _claim_batch(self, wanted: list[Item]) -> BatchClaim:
-        """One ``claim_many`` for ``wanted`` (replay mode leases SUCCESS records instead)."""
-        # Ordered handlers' entities are held in the claim's own round trips.
-        takes = self.lanes.takes(wanted) if any(
-            item.located is not None and item.located.order for item in wanted) else None
-        return self.store.claim_many({item.key: item.located.fields for item in wanted
-                                      if item.located is not None}, self.now(), takes)
-
-    def _not_taken(self, item: Item, record: Mapping[str, Any] | None,
-                   refused: bool) -> Result:
-        assert item.located is not None
-        if refused:
-            return self.rejections.refuse_content(item.located)
-        if record is None:  # taken and gone meanwhile: ask again later
-            return Result(Outcome.IN_PROGRESS, key=item.key, event_type=item.event_type)
-        if documents.conflicts(record, item.located.fingerprint):
-            return self.rejections.conflict(item.located, record)
-        return existing(record, item.located)
 
     def _handle(self, claimed: list[Item], holds: EntityHolds | None, claimed_at: float,
                 alone: bool) -> None:
@@ -352,7 +331,7 @@ class Processor:
     def _kept_stale(self, item: Item, lane: Lane) -> bool:
         """True when ``item`` of an ordered lane is older than its entity's applied position:
         its stale outcome is set instead of running it (both lane walks decide here)."""
-        stale = self._stale(item, lane)
+        stale = self.mode.stale(item, lane)
         if stale is not None:
             item.pending = stale
         return stale is not None
@@ -364,11 +343,6 @@ class Processor:
             for item in lane.items:
                 if item.pending is None and item.result is None:
                     item.pending = self._given_back(item)
-
-    def _stale(self, item: Item, lane: Lane) -> Pending | None:
-        """What an ordered event older than its entity's applied position stores instead of
-        running (stored SUCCESS as stale), or None to run it; the one place a mode decides."""
-        return stale_pending(item, lane) if lane.stale(item) else None
 
     def _still_held(self, lane: Lane) -> bool:
         """True while the lane's hold holds: confirmed with the store (one round trip) when
@@ -387,7 +361,7 @@ class Processor:
         if not waiting and not releases:
             return
         with self._around("finish", waiting) if self.middleware else _NOTHING:
-            done = self._store_finishes(waiting, releases)
+            done = self.mode.store_finishes(waiting, releases)
         for entity_key in sorted(done.unreleased):
             # Its hold lapsed: the next holder reads this batch's keys as its orphan.
             logger.warning("hold on %s lapsed before its release; the next holder rolls its "
@@ -404,20 +378,11 @@ class Processor:
                     logger.log(*pending.log)
                 item.result = pending.result
 
-    def _store_finishes(self, waiting: list[Item], releases: list[EntityRelease]) -> Finished:
-        """One ``finish_many`` of the waiting outcomes and the entities' releases."""
-        return self.store.finish_many([item.pending.finish for item in waiting
-                                       if item.pending is not None], self.now(), releases)
-
-    def _relayed(self, item: Item) -> Sequence[Mapping[str, Any]]:
-        """The outbox the relay stage publishes from for ``item`` (its finish's)."""
-        return item.pending.finish.outbox if item.pending is not None else ()
-
     def _relay(self, items: list[Item]) -> None:
-        hook = self.after_success
+        hook, relayed = self.after_success, self.mode.relayed
         sent = [item for item in items if hook is not None and item.leader is None
                 and item.result is not None and item.result.outcome is Outcome.PROCESSED
-                and item.pending is not None and self._relayed(item)]
+                and item.pending is not None and relayed(item)]
         if hook is None or not sent:
             return
         # A hook that takes a batch (the inline relay's relay_many) gets it at once, to
@@ -426,7 +391,7 @@ class Processor:
         with self._around("relay", sent) if self.middleware else _NOTHING:
             if batch is not None:
                 try:
-                    batch.relay_many([(item.key, self._relayed(item)) for item in sent
+                    batch.relay_many([(item.key, relayed(item)) for item in sent
                                       if item.pending is not None])
                 except Exception:  # as _run_hook: the batch is processed whatever happens
                     logger.exception("after_success hook failed for a batch of %d; left to "
@@ -434,25 +399,28 @@ class Processor:
                 return
             for item in sent:
                 if item.pending is not None:
-                    _run_hook(hook, item.key, self._relayed(item))
+                    _run_hook(hook, item.key, relayed(item))
 
     # -- one handler ------------------------------------------------------------------
     def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
         assert item.claim is not None and item.located is not None
-        if self._attempts_used(item) > self.settings.max_attempts:
-            item.pending = self._failure(item, AttemptCapReached("attempt cap reached"))
+        mode = self.mode
+        if mode.attempts_used(item) > self.settings.max_attempts:
+            item.pending = mode.failure(item, AttemptCapReached("attempt cap reached"))
+            mode.undecided(item, lane)
             return
         route = item.located.route
         assert route is not None
         try:
-            context = self._context(item)
+            context = mode.context(item)
             with self._handler_scope(item, alone) as carried:
                 returned = route.handler(context)
             # A plain handler returns None: no awaitable to look for (an ABC check).
             if returned is not None and inspect.isawaitable(returned):
                 raise _unawaited(route.handler, returned)
-        except Exception as exc:  # classified below: unknown means transient
-            item.pending = self._failure(item, exc)
+        except Exception as exc:  # classified by the mode: unknown means transient
+            item.pending = mode.failure(item, exc)
+            mode.undecided(item, lane)
             return
         self._ran(item, lease, lane, context, carried)
 
@@ -467,14 +435,16 @@ class Processor:
             # event beside it). Its outcome stands; the rest of the lane goes back.
             await _in_thread(self._run, item, lease, False, lane)
             return True
-        if self._attempts_used(item) > self.settings.max_attempts:
-            item.pending = self._failure(item, AttemptCapReached("attempt cap reached"))
+        mode = self.mode
+        if mode.attempts_used(item) > self.settings.max_attempts:
+            item.pending = mode.failure(item, AttemptCapReached("attempt cap reached"))
+            mode.undecided(item, lane)
             return True
         task = asyncio.current_task()
         if task is not None:  # the watchdog names the handler that blocks the loop
             task.set_name(f"async handler {_name(route.handler)} of {item.key}")
         try:
-            context = self._context(item)
+            context = mode.context(item)
             async with self.handler_loop.slot():
                 # Always scoped: the loop's task does not see the caller thread's trace.
                 with self._scoped(item, alone=False) as carried:
@@ -482,7 +452,8 @@ class Processor:
         except asyncio.CancelledError:
             return False
         except Exception as exc:  # classified as a sync handler's
-            item.pending = self._failure(item, exc)
+            item.pending = mode.failure(item, exc)
+            mode.undecided(item, lane)
             return True
         self._ran(item, lease, lane, context, carried)
         return True
@@ -504,29 +475,11 @@ class Processor:
         if lease.lost:
             item.result = _lease_lost(item)
             return
-        item.pending = self._success(item, context, carried,
-                                     applied_fields(item) if lane.entity_key else None)
-        if lane.entity_key and self.moves_position:
+        mode = self.mode
+        item.pending = mode.success(item, context, carried,
+                                    applied_fields(item) if lane.entity_key else None)
+        if lane.entity_key and mode.moves_position:
             lane.applied(item)
-
-    def _attempts_used(self, item: Item) -> int:
-        # A replay grants a fresh set of attempts: count from where it started;
-        # a parked claim never called its partner, so it spends none.
-        assert item.claim is not None
-        since = item.claim.record.get("replayed_at_attempt", 0)
-        since = since if isinstance(since, int) and not isinstance(since, bool) else 0
-        return item.claim.attempt - since - parking.parks(item.claim.record)
-
-    def _context(self, item: Item) -> Context:
-        located, claim = item.located, item.claim
-        assert located is not None and located.route is not None and located.event is not None
-        assert claim is not None
-        log = logging.LoggerAdapter(logger, {"requestId": item.request_id,
-                                             "idempotency_key": located.key})
-        return Context(event=located.handler_event(), key=located.key,
-                       attempt=claim.attempt, delivery=located.delivery, log=log,
-                       db=self.store.database, now=self.now, root_key=located.root_key,
-                       guard=self.guard, partners=self.partners)
 
     def _handler_scope(self, item: Item,
                        alone: bool) -> contextlib.AbstractContextManager[Mapping[str, str] | None]:
@@ -546,58 +499,6 @@ class Processor:
             for middleware in self.middleware:
                 carried = stack.enter_context(middleware.handler(item)) or carried
             yield carried
-
-    def _success(self, item: Item, context: Context, carried: Mapping[str, str] | None,
-                 extra: Mapping[str, Any] | None = None) -> Pending:
-        assert item.claim is not None
-        key, created = item.key, documents.bson_time(self.now())
-        outbox: list[dict[str, Any]] = [child.to_document(key, context.root_key, created)
-                                        for child in context.children]
-        outbox += self.router.forwards.entries(context.event, key, context.root_key, created,
-                                               item.claim.record.get("outbox", ()))
-        outbox = tracecontext.stamp(outbox, carried)
-        return Pending(Finish(key, item.claim.owner, outbox=tuple(outbox), extra=extra),
-                       Result(Outcome.PROCESSED, key=key, event_type=item.event_type,
-                              attempt=item.claim.attempt, children=len(context.children)))
-
-    def _failure(self, item: Item, exc: Exception) -> Pending:
-        assert item.claim is not None
-        paused = _paused(exc)
-        if paused is not None:
-            return self._parked(item, exc, paused)
-        kind = self.classifier.classify(exc)
-        # A write the store refuses for its content (too large, a value it
-        # cannot hold), the record's or a handler's own, fails the same way on
-        # every retry: FAILED for good with the reason, not 503 until the cap.
-        content = isinstance(exc, ContentRejected) or documents.refuses_content(exc)
-        final = kind is Classification.PERMANENT or content
-        capped = self._attempts_used(item) >= self.settings.max_attempts and not final
-        label = "attempt_cap" if capped else "content" if content else kind.value
-        # Due on the store's clock: the redrive compares it with the store's now.
-        redrive_at = self.store.now() + timedelta(seconds=self.settings.redrive_after_seconds)
-        finish = Finish(item.key, item.claim.owner, error=documents.error_document(exc, label),
-                        retryable=not (final or capped), redrive_at=redrive_at)
-        outcome = Outcome.REJECTED if final or capped else Outcome.RETRY
-        level = logging.ERROR if outcome is Outcome.REJECTED else logging.WARNING
-        return Pending(finish, Result(outcome, key=item.key, event_type=item.event_type,
-                                      attempt=item.claim.attempt, error=brief(exc)),
-                       (level, f"{label} on {item.key} attempt {item.claim.attempt}: "
-                               f"{error_text(exc)}"))
-
-    def _parked(self, item: Item, exc: Exception, paused: PartnerPaused) -> Pending:
-        # The partner was not called: stored FAILED-retryable and acked, so
-        # the subscription's success rate (every partner's push rate) holds;
-        # the redrive brings it back at ``until``.
-        assert item.claim is not None
-        error = {**documents.error_document(exc, parking.PARKED),
-                 "partner": paused.partner, "until": paused.until,
-                 "parks": parking.parks(item.claim.record) + 1}
-        finish = Finish(item.key, item.claim.owner, error=error, retryable=True,
-                        redrive_at=paused.until, parked=True)
-        return Pending(finish, Result(Outcome.PARKED, key=item.key, event_type=item.event_type,
-                                      attempt=item.claim.attempt, error=brief(exc)),
-                       (logging.INFO, f"parked {item.key} until {paused.until}: "
-                                      f"{error_text(exc)}"))
 
     def _refused_children(self, item: Item) -> Result:
         # The store refused the children's content: a handler bug, FAILED for
@@ -681,18 +582,6 @@ def _lease_lost(item: Item) -> Result:
     logger.warning("lease on %s was lost before the outcome was stored", item.key)
     return Result(Outcome.LEASE_LOST, key=item.key, event_type=item.event_type,
                   attempt=item.claim.attempt if item.claim else 0, error="LeaseLost")
-
-
-def _paused(exc: BaseException) -> PartnerPaused | None:
-    """The ``PartnerPaused`` that ``exc`` is or was raised ``from`` (a handler may wrap it)."""
-    seen: set[int] = set()
-    found: BaseException | None = exc
-    while found is not None and id(found) not in seen:
-        if isinstance(found, PartnerPaused):
-            return found
-        seen.add(id(found))
-        found = found.__cause__
-    return None
 
 
 def _run_hook(hook: AfterSuccess, key: str, outbox: Sequence[Mapping[str, Any]]) -> None:

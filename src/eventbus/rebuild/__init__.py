@@ -1,7 +1,8 @@
 """Rebuild: run chosen handlers again over stored events, and check what they would do.
 
-* ``mode``: ``ReplayProcessor``, the processor in replay mode (what differs for a
-  handler: ``eventbus.model.rebuild_policy``);
+* ``mode``: ``ReplayProcessor``, the processor in replay mode: its mode is a
+  ``ReplayMode``, the replay forms of the steps ``eventbus.processor.mode.Mode``
+  declares (what differs for a handler: ``eventbus.model.rebuild_policy``);
 * ``runner``: ``Rebuild``, a rebuild's plan, pages, progress, stored run and report;
 * ``command``: ``eventbus rebuild``;
 * ``documents``: the stored run and plan documents (the ``rebuilds`` collection);

@@ -1,10 +1,11 @@
 """Replay mode: the same pipeline over stored SUCCESS records, for ``eventbus rebuild``.
 
-``ReplayProcessor`` is the ``Processor`` with its store primitives swapped:
-the claim leases SUCCESS records (``rebuild_claim_many``: never their
-status, never one this rebuild already ran), the heartbeat renews those
-leases, the finish appends one audit entry per record (``rebuild_finish_many``).
-Every other stage is the live one: locate, the entity holds and lanes of
+``ReplayProcessor`` is the ``Processor`` in ``ReplayMode``: the steps a mode
+may replace (``eventbus.processor.mode.Mode``), some replaced. The claim
+leases SUCCESS records (``rebuild_claim_many``: never their status, never one
+this rebuild already ran), the heartbeat renews those leases, the finish
+appends one audit entry per record (``rebuild_finish_many``). Every other
+stage is the live one: locate, the entity holds and lanes of
 ordered handlers, the handler under ``concurrency`` threads, the relay.
 What differs for the handler (``eventbus.model.rebuild_policy``):
 
@@ -16,7 +17,7 @@ What differs for the handler (``eventbus.model.rebuild_policy``):
   move the entity's position; one older than the entity's applied position runs
   only when its lane (the same batch, under the same hold) re-runs the applied
   event after it, so the entity ends on its applied event's state again; else
-  it is **stale**: not run, an audit entry ``outcome: stale`` (``_stale``);
+  it is **stale**: not run, an audit entry ``outcome: stale`` (``ReplayMode.stale``);
 * children: an emitted key already in the parent's outbox, or already a
   record, is a duplicate; the others are **new**, listed in the audit entry
   and the result, and appended to the outbox (so published) only with
@@ -65,7 +66,8 @@ from eventbus.model.rebuild_policy import Replay
 from eventbus.model.router import Router
 from eventbus.model.status import Status
 from eventbus.partners import Partners
-from eventbus.processor.heartbeat import Heartbeat, Lease
+from eventbus.processor.heartbeat import Heartbeat
+from eventbus.processor.mode import LiveMode
 from eventbus.processor.ordering import Lane, stale_pending
 from eventbus.processor.pipeline import Clock, Processor
 from eventbus.processor.rejections import brief
@@ -135,33 +137,28 @@ class _Rerun(Pending):
 
 
 class ReplayProcessor(Processor):
-    """The pipeline in replay mode (module docstring); ``rebuild(pairs)`` runs one batch."""
+    """The pipeline in replay mode (module docstring): a ``Processor`` whose mode is a
+    ``ReplayMode``; ``rebuild(pairs)`` runs one batch."""
 
-    moves_position = False
+    mode: ReplayMode
 
     def __init__(self, store: ReplayStore, router: Router, settings: Settings, now: Clock,
                  replay: Replay, **options: Any) -> None:
-        self._leases = _RebuildLeases(store)
+        leases = _RebuildLeases(store)
         if options.get("partners") is None:  # a handler's calls go through the service's own
             options["partners"] = Partners.beside(
                 store, settings, now=now, classifier=options.get("classifier"),
                 sleep=options.get("sleep", time.sleep),
                 monotonic=options.get("monotonic", time.monotonic))
-        super().__init__(store, router, settings, now,
-                         heartbeat=Heartbeat(self._leases, now=now), **options)
+        super().__init__(store, router, settings, now, heartbeat=Heartbeat(leases, now=now),
+                         mode=lambda processor: ReplayMode(processor, store, replay,
+                                                           leases.fresh), **options)
         self.rebuilds, self.replay = store, replay
         self.guard = ReplayGuard(store, lease=store.lease, now=now,
                                  keep=self.heartbeat.guarding, new_calls=replay.new_calls,
                                  sleep=self.guard.sleep, monotonic=self.guard.monotonic)
         if not replay.new_calls and self.partners is not None:
             self.partners.refused = "a rebuild makes it only with --allow-new-calls"
-        self._records: dict[int, Record | None] = {}
-        self._asked_new: set[str] = set()
-
-    @property
-    def _fresh(self) -> set[str]:
-        """The keys of this batch claimed as new records (shared with the heartbeat)."""
-        return self._leases.fresh
 
     def rebuild(self, pairs: Sequence[tuple[Delivery, Record | None]]) -> list[Result]:
         """Run each delivery again in replay mode; one ``Result`` each.
@@ -169,23 +166,49 @@ class ReplayProcessor(Processor):
         A pair's record is the stored record as read (leased for the rebuild), or
         None when there is none: a new record through the live claim (module docstring).
         """
-        self._records = {id(delivery): record for delivery, record in pairs}
+        mode = self.mode
+        mode.records = {id(delivery): record for delivery, record in pairs}
         try:
             return self.run([delivery for delivery, _ in pairs])
         finally:
-            self._records, self._asked_new = {}, set()
-            self._fresh.clear()
+            mode.records, mode.asked_new = {}, set()
+            mode.fresh.clear()
 
-    # -- the stages' replay forms ---------------------------------------------------------
-    def _claim_batch(self, wanted: list[Item]) -> BatchClaim:
+
+class ReplayMode(LiveMode):
+    """The replay forms of the pipeline's steps (module docstring); every other step is live.
+
+    It replaces only steps ``Mode`` declares (``tests/unit/test_modes.py``): the claim
+    leases SUCCESS records, the attempts are never counted, an older event whose lane
+    does not re-run the applied one is stale, the context is a replay's, a success
+    and a failure make audit entries, and the finish appends them.
+    """
+
+    moves_position = False
+
+    def __init__(self, processor: Processor, rebuilds: ReplayStore, replay: Replay,
+                 fresh: set[str]) -> None:
+        super().__init__(processor)
+        self.rebuilds, self.replay = rebuilds, replay
+        self.fresh = fresh
+        """The keys of this batch claimed as new records (shared with the heartbeat)."""
+        self.records: dict[int, Record | None] = {}
+        """The batch's pairs, a delivery's stored record by ``id(delivery)`` (``rebuild``)."""
+        self.asked_new: set[str] = set()
+        """The batch's keys asked of the live claim (no stored record, or an unfinished one)."""
+
+    def claim_batch(self, wanted: list[Item]) -> BatchClaim:
+        """Lease the stored SUCCESS records (``rebuild_claim_many``); a new record where
+        there is none, through the live claim; a ``replay="skip"`` route, or an event that
+        lands on another key now, is decided here (skipped)."""
         asked: dict[str, Record] = {}
         new: dict[str, Mapping[str, Any]] = {}
         for item in wanted:
-            record = self._records.get(id(item.delivery))
+            record = self.records.get(id(item.delivery))
             assert item.located is not None and item.located.route is not None
             if item.located.route.replay == "skip":
                 item.result = _skipped(item, 'its route says replay="skip"')
-            elif (record is None and id(item.delivery) in self._records) or (
+            elif (record is None and id(item.delivery) in self.records) or (
                     rebuilds.made_unfinished(record) and record is not None
                     and record.get("idempotency_key") == item.key):
                 # No record, or one a rebuild made and never finished: a new record,
@@ -196,12 +219,13 @@ class ReplayProcessor(Processor):
             else:
                 asked[item.key] = record
         taken = [item for item in wanted if item.result is None]
-        batch = self.rebuilds.rebuild_claim_many(asked, self.replay.rebuild_id, self.now()) \
+        now = self.processor.now
+        batch = self.rebuilds.rebuild_claim_many(asked, self.replay.rebuild_id, now()) \
             if asked else BatchClaim({}, {})
         if new:  # no stored record: the live claim makes one (PENDING, a claim lease)
-            self._asked_new = set(new)
-            made = self.store.claim_many(new, self.now())
-            self._fresh.update(made.taken)
+            self.asked_new = set(new)
+            made = self.processor.store.claim_many(new, now())
+            self.fresh.update(made.taken)
             batch = BatchClaim({**batch.taken, **made.taken}, {**batch.records, **made.records},
                                batch.refused | made.refused)
         # Items decided above are not claimed: ``_claim`` reads only what it was given.
@@ -209,16 +233,18 @@ class ReplayProcessor(Processor):
         return BatchClaim(batch.taken, {k: r for k, r in batch.records.items() if k not in gone},
                           batch.refused)
 
-    def _not_taken(self, item: Item, record: Mapping[str, Any] | None,
-                   refused: bool) -> Result:
+    def not_taken(self, item: Item, record: Mapping[str, Any] | None,
+                  refused: bool) -> Result:
+        """Skipped (decided by the claim, not SUCCESS, gone, refused content), already
+        rebuilt by this rebuild, or in progress under another rebuild's lease or claim."""
         if item.result is not None:
             return item.result
         if refused:
             return _skipped(item, "the store refuses its record's content")
-        if item.key in self._asked_new and rebuilds.made_unfinished(record):
+        if item.key in self.asked_new and rebuilds.made_unfinished(record):
             return Result(Outcome.IN_PROGRESS, key=item.key, event_type=item.event_type,
                           error="a rebuild's claim holds its record (until its lease lapses)")
-        if item.key in self._asked_new:
+        if item.key in self.asked_new:
             why = "its claim was taken meanwhile" if record is None else \
                 f"a record was stored meanwhile ({record.get('event_status')})"
             return _skipped(item, f"{why}: rebuild it from the store")
@@ -234,19 +260,11 @@ class ReplayProcessor(Processor):
         status = "stale (never ran)" if record.get("stale") else record.get("event_status")
         return _skipped(item, f"it is {status}, not SUCCESS")
 
-    def _attempts_used(self, item: Item) -> int:
-        return 0  # a rebuild spends no attempt of the event's
+    def attempts_used(self, item: Item) -> int:
+        """Zero: a rebuild spends no attempt of the event's, so no cap refuses it."""
+        return 0
 
-    def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
-        super()._run(item, lease, alone, lane)
-        self._undecided(item, lane)
-
-    async def _run_async(self, item: Item, lease: Lease, lane: Lane) -> bool:
-        ran = await super()._run_async(item, lease, lane)
-        self._undecided(item, lane)
-        return ran
-
-    def _undecided(self, item: Item, lane: Lane) -> None:
+    def undecided(self, item: Item, lane: Lane) -> None:
         """The entity's applied event failed for a passing reason (transient: the store
         away, a partner down): not decided, but given back untouched (``UNAVAILABLE``:
         the rebuild runs it again, then ``--resume``), so the entity is not left on the
@@ -265,7 +283,7 @@ class ReplayProcessor(Processor):
                    attempt=pending.result.attempt,
                    error=f"the entity's applied event failed for now: {pending.result.error}"))
 
-    def _stale(self, item: Item, lane: Lane) -> Pending | None:
+    def stale(self, item: Item, lane: Lane) -> Pending | None:
         """An older event whose re-run would leave its entity behind: not run, audited.
 
         One whose position is of another kind than the entity's cannot be ordered
@@ -273,7 +291,7 @@ class ReplayProcessor(Processor):
         stored FAILED for good, as live)."""
         why = lane.mismatched(item)
         if why is not None:
-            return self._failure(item, PositionKindMismatch(why))
+            return self.failure(item, PositionKindMismatch(why))
         if not _rewinds(item, lane):
             return None
         assert item.claim is not None
@@ -285,20 +303,23 @@ class ReplayProcessor(Processor):
         result = Result(Outcome.DUPLICATE, key=item.key, event_type=item.event_type,
                         attempt=item.claim.attempt, detail={"skipped": why, "stale": stale})
         # A new record (from an archive) is stored stale, as a live stale event is.
-        extra = {"stale": stale} if item.key in self._fresh else None
+        extra = {"stale": stale} if item.key in self.fresh else None
         return _Rerun(Finish(item.key, item.claim.owner, extra=extra), result, entry=entry)
 
-    def _context(self, item: Item) -> Context:
-        context = super()._context(item)
+    def context(self, item: Item) -> Context:
+        """The live context, with ``replay`` set (the guard is the processor's ``ReplayGuard``)."""
+        context = super().context(item)
         context.replay = self.replay
         return context
 
-    def _success(self, item: Item, context: Context, carried: Mapping[str, str] | None,
-                 extra: Mapping[str, Any] | None = None) -> Pending:
+    def success(self, item: Item, context: Context, carried: Mapping[str, str] | None,
+                extra: Mapping[str, Any] | None = None) -> Pending:
+        """Rebuilt: an audit entry counting the children already in the outbox (duplicates,
+        changed) and the forwards published again; the others wait for ``store_finishes``."""
         assert item.claim is not None
         stored = [dict(entry) for entry in item.claim.record.get("outbox") or []]
         known = {str(entry.get("idempotency_key")): entry for entry in stored}
-        created = documents.bson_time(self.now())
+        created = documents.bson_time(self.processor.now())
         duplicates, changed, candidates = 0, [], []
         for child in context.children:
             document: Mapping[str, Any] = child.to_document(item.key, context.root_key, created)
@@ -312,8 +333,8 @@ class ReplayProcessor(Processor):
         relayed: list[Mapping[str, Any]] = list(stored)
         forwarded: list[str] = []
         if self.replay.forward:
-            fresh = self.router.forwards.entries(context.event, item.key, context.root_key,
-                                                 created)
+            fresh = self.processor.router.forwards.entries(context.event, item.key,
+                                                           context.root_key, created)
             for forward in fresh:
                 at = next((i for i, old in enumerate(stored)
                            if old.get("idempotency_key") == forward["idempotency_key"]), None)
@@ -329,7 +350,7 @@ class ReplayProcessor(Processor):
                         attempt=item.claim.attempt, children=len(context.children))
         # A new record gets the order fields a live SUCCESS stores (never the entity's).
         return _Rerun(Finish(item.key, item.claim.owner,
-                             extra=extra if item.key in self._fresh else None), result,
+                             extra=extra if item.key in self.fresh else None), result,
                       entry=entry, candidates=candidates, relayed=relayed)
 
     def _audit(self, item: Item) -> dict[str, Any]:
@@ -338,13 +359,14 @@ class ReplayProcessor(Processor):
         if item.delivery.form == ARCHIVE_FORM:
             entry["source"] = "archive"
             entry["message_id"] = item.delivery.message_id
-        if item.key in self._fresh:
+        if item.key in self.fresh:
             entry["new_record"] = True
         return entry
 
-    def _failure(self, item: Item, exc: Exception) -> Pending:
+    def failure(self, item: Item, exc: Exception) -> Pending:
+        """Failed: an audit entry with the error, the record left as it was; REJECTED."""
         assert item.claim is not None
-        error = documents.error_document(exc, self.classifier.classify(exc).value)
+        error = documents.error_document(exc, self.processor.classifier.classify(exc).value)
         entry = {**self._audit(item), "outcome": "failed", "attempt": item.claim.attempt,
                  "error": error}
         result = Result(Outcome.REJECTED, key=item.key, event_type=item.event_type,
@@ -352,11 +374,13 @@ class ReplayProcessor(Processor):
                         detail={"failed": str(error.get("message", ""))})
         return _Rerun(Finish(item.key, item.claim.owner), result, entry=entry)
 
-    def _store_finishes(self, waiting: list[Item], releases: list[EntityRelease]) -> Finished:
+    def store_finishes(self, waiting: list[Item], releases: list[EntityRelease]) -> Finished:
+        """``rebuild_finish_many`` of the audit entries (the children not yet records new),
+        and ``finish_many`` of new records' live finishes and the entities' releases."""
         reruns = [item.pending for item in waiting if isinstance(item.pending, _Rerun)]
         asked = [str(c["idempotency_key"]) for rerun in reruns for c in rerun.candidates]
         # One read for the whole batch, and only when some child is not in its outbox.
-        existing = {str(r.get("idempotency_key")) for r in self.store.get_many(asked)} \
+        existing = {str(r.get("idempotency_key")) for r in self.processor.store.get_many(asked)} \
             if asked else set()
         finishes, claims = [], []
         for item in waiting:
@@ -366,16 +390,16 @@ class ReplayProcessor(Processor):
                 finish = self._settled(pending, existing)
             else:  # its entity was busy: the lease goes back untouched
                 finish = dataclasses.replace(pending.finish, unclaim=True)
-            if item.key in self._fresh:
+            if item.key in self.fresh:
                 claims.append(_live(finish, pending))
             else:
                 finishes.append(finish)
-        done = self.rebuilds.rebuild_finish_many(finishes, self.now()) if finishes \
+        done = self.rebuilds.rebuild_finish_many(finishes, self.processor.now()) if finishes \
             else Finished()
         if claims or releases:
             # New records' live finishes, and the entities' holds (a rebuild never
             # moves an entity's position: its releases carry none), in one round trip.
-            live = self.store.finish_many(claims, self.now(), releases)
+            live = self.processor.store.finish_many(claims, self.processor.now(), releases)
             done = Finished(done.lost | live.lost, done.refused | live.refused,
                             done.unreleased | live.unreleased)
         return done
@@ -398,7 +422,8 @@ class ReplayProcessor(Processor):
         rerun.relayed.extend(append)
         return dataclasses.replace(rerun.finish, outbox=append, audit=rerun.entry)
 
-    def _relayed(self, item: Item) -> Sequence[Mapping[str, Any]]:
+    def relayed(self, item: Item) -> Sequence[Mapping[str, Any]]:
+        """The outbox entries the rebuild publishes again (none when none is PENDING)."""
         pending = item.pending
         return pending.relayed if isinstance(pending, _Rerun) and any(
             entry.get("status") == Status.PENDING for entry in pending.relayed) else ()
