@@ -6,9 +6,9 @@ claim takes, what a key not taken answers, how many attempts an event spent,
 whether an ordered event runs, what its handler gets, what its success and its
 failure store, how the batch's outcomes are stored, and what the relay
 publishes. Those steps are ``Mode``'s methods (and its ``moves_position``
-flag), and nothing else of the pipeline is replaced: a change to a step is a
-change to every mode that does not replace it, and ``Mode`` says which those
-are. ``LiveMode`` is the live pipeline's; ``eventbus.rebuild.mode.ReplayMode``
+flag), and nothing else of the pipeline is replaced: a change outside them is a
+change to every mode, a change to a ``LiveMode`` step one to every mode whose
+class does not replace it. ``LiveMode`` is the live pipeline's; ``eventbus.rebuild.mode.ReplayMode``
 replaces steps of it for ``eventbus rebuild`` (``tests/unit/test_modes.py``
 checks that it replaces nothing else).
 

@@ -404,23 +404,24 @@ class Processor:
     # -- one handler ------------------------------------------------------------------
     def _run(self, item: Item, lease: Lease, alone: bool, lane: Lane) -> None:
         assert item.claim is not None and item.located is not None
-        mode = self.mode
-        if mode.attempts_used(item) > self.settings.max_attempts:
-            item.pending = mode.failure(item, AttemptCapReached("attempt cap reached"))
-            mode.undecided(item, lane)
+        if self._capped(item, lane):
             return
         route = item.located.route
         assert route is not None
         try:
-            context = mode.context(item)
-            with self._handler_scope(item, alone) as carried:
+            context = self.mode.context(item)
+            # A delivery alone runs under its message's trace since ``run``; in a batch,
+            # each handler adopts its own message's trace for its log lines. Written out,
+            # not a helper: a push pays no call for it (test_walk_budget).
+            scope: contextlib.AbstractContextManager[Mapping[str, str] | None] = \
+                _NOTHING if alone and not self.middleware else self._scoped(item, alone)
+            with scope as carried:
                 returned = route.handler(context)
             # A plain handler returns None: no awaitable to look for (an ABC check).
             if returned is not None and inspect.isawaitable(returned):
                 raise _unawaited(route.handler, returned)
         except Exception as exc:  # classified by the mode: unknown means transient
-            item.pending = mode.failure(item, exc)
-            mode.undecided(item, lane)
+            self._failed(item, lane, exc)
             return
         self._ran(item, lease, lane, context, carried)
 
@@ -435,16 +436,13 @@ class Processor:
             # event beside it). Its outcome stands; the rest of the lane goes back.
             await _in_thread(self._run, item, lease, False, lane)
             return True
-        mode = self.mode
-        if mode.attempts_used(item) > self.settings.max_attempts:
-            item.pending = mode.failure(item, AttemptCapReached("attempt cap reached"))
-            mode.undecided(item, lane)
+        if self._capped(item, lane):
             return True
         task = asyncio.current_task()
         if task is not None:  # the watchdog names the handler that blocks the loop
             task.set_name(f"async handler {_name(route.handler)} of {item.key}")
         try:
-            context = mode.context(item)
+            context = self.mode.context(item)
             async with self.handler_loop.slot():
                 # Always scoped: the loop's task does not see the caller thread's trace.
                 with self._scoped(item, alone=False) as carried:
@@ -452,11 +450,27 @@ class Processor:
         except asyncio.CancelledError:
             return False
         except Exception as exc:  # classified as a sync handler's
-            item.pending = mode.failure(item, exc)
-            mode.undecided(item, lane)
+            self._failed(item, lane, exc)
             return True
         self._ran(item, lease, lane, context, carried)
         return True
+
+    # The decisions both runs share (``_run``, ``_run_async``): they differ only where the
+    # async one awaits (a slot of the loop, the handler) and in its trace scope.
+    def _capped(self, item: Item, lane: Lane) -> bool:
+        """True when the attempt cap refuses to run ``item`` (the mode's ``attempts_used``
+        above ``max_attempts``): its failure is decided instead (``_failed``)."""
+        if self.mode.attempts_used(item) <= self.settings.max_attempts:
+            return False
+        self._failed(item, lane, AttemptCapReached("attempt cap reached"))
+        return True
+
+    def _failed(self, item: Item, lane: Lane, exc: Exception) -> None:
+        """The run of ``item`` failed with ``exc`` (its handler's, its context's, the cap's):
+        the mode's ``failure`` decides the outcome, then its ``undecided`` whether it stands."""
+        mode = self.mode
+        item.pending = mode.failure(item, exc)
+        mode.undecided(item, lane)
 
     def _given_back(self, item: Item) -> Pending:
         # Shutdown cancelled its handler: the claim goes back untouched (the attempt
@@ -480,14 +494,6 @@ class Processor:
                                     applied_fields(item) if lane.entity_key else None)
         if lane.entity_key and mode.moves_position:
             lane.applied(item)
-
-    def _handler_scope(self, item: Item,
-                       alone: bool) -> contextlib.AbstractContextManager[Mapping[str, str] | None]:
-        # A delivery alone runs under its message's trace since ``run``; in a
-        # batch, each handler adopts its own message's trace for its log lines.
-        if alone and not self.middleware:
-            return _NOTHING
-        return self._scoped(item, alone)
 
     @contextlib.contextmanager
     def _scoped(self, item: Item, alone: bool) -> Iterator[Mapping[str, str] | None]:
