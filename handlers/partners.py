@@ -69,6 +69,7 @@ from eventbus import PermanentError, TransientError
 from eventbus.guard import Guard
 from eventbus.http import deadline
 from eventbus.http.deadline_async import AsyncClient
+from eventbus.http.retry_after import retry_after
 from eventbus.partners import Partner
 
 RETRYABLE_4XX = frozenset({408, 429})
@@ -137,11 +138,19 @@ def _classification(exc: BaseException) -> str:
     return "permanent" if isinstance(exc, PermanentError) else "transient"
 
 
-def delivered_status(status: int, url: str) -> int:
-    """Return ``status`` if the partner took the call; raise its failure if not."""
+def delivered_status(status: int, url: str, later: str | None = None) -> int:
+    """Return ``status`` if the partner took the call; raise its failure if not.
+
+    A 429 or 503 with a ``Retry-After`` (``later``: seconds or an HTTP date) raises
+    ``PartnerUnavailable`` from the ``RetryAfter`` it asks for, so the processor
+    stores the event for that time (acked, the attempt spent) instead of a nack.
+    """
     kind = classify_status(status)
     if kind != "delivered":
         error = f"partner answered {status} at {url}"
+        asked = retry_after(status, later, error)
+        if asked is not None:
+            raise PartnerUnavailable(error) from asked
         raise (PartnerRejected if kind == "permanent" else PartnerUnavailable)(error)
     return status
 
@@ -182,22 +191,23 @@ class PartnerClient:
         return {"status_code": self._call(key, target, body), "url": target}
 
     def _call(self, key: str, url: str, body: Mapping[str, Any]) -> int:
-        return delivered_status(
-            self._post(url, {"Idempotency-Key": idempotency_header(key)}, body), url)
+        status, later = self._post(url, {"Idempotency-Key": idempotency_header(key)}, body)
+        return delivered_status(status, url, later)
 
-    def _post(self, url: str, headers: dict[str, str], body: Mapping[str, Any]) -> int:
+    def _post(self, url: str, headers: dict[str, str],
+              body: Mapping[str, Any]) -> tuple[int, str | None]:
         try:
             response = self.http.request("POST", url, total=self.timeout, json=dict(body),
                                          headers=headers, allow_redirects=False)
         except deadline.AnswerTooLarge as exc:
-            return exc.status_code  # the status came whole; the notifier reads no body
+            return exc.status_code, None  # the status came whole; the notifier reads no body
         except _UNSENDABLE as exc:
             raise PartnerRejected(f"partner call to {url} cannot be sent: "
                                   f"{type(exc).__name__}: {exc}") from exc
         except requests.RequestException as exc:
             raise PartnerUnavailable(f"partner call to {url} failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
-        return response.status_code
+        return response.status_code, response.headers.get("Retry-After")
 
 
 class AsyncPartnerClient:
@@ -241,4 +251,4 @@ class AsyncPartnerClient:
         except (httpx.HTTPError, requests.RequestException) as exc:
             raise PartnerUnavailable(f"partner call to {url} failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
-        return delivered_status(answer.status_code, url)
+        return delivered_status(answer.status_code, url, answer.headers.get("Retry-After"))

@@ -39,7 +39,15 @@ class Trickle:
     length: int = 60
 
 
-Action = int | Slow | Trickle
+@dataclasses.dataclass(frozen=True)
+class Later:
+    """Answer ``status`` with a ``Retry-After: retry_after`` header."""
+
+    status: int
+    retry_after: str
+
+
+Action = int | Slow | Trickle | Later
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +131,8 @@ class PartnerServer:
                     time.sleep(action.seconds)
                 try:
                     self.send_response(status)
+                    if isinstance(action, Later):
+                        self.send_header("Retry-After", action.retry_after)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 except OSError:

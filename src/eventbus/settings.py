@@ -432,6 +432,11 @@ class Settings(EnvSettings):
         description="A FAILED-retryable record nothing redelivered for this long is published "
                     "again by the redrive sweeper: twice the push subscription's maximum backoff "
                     "(600 s).")
+    retry_after_max_seconds: Positive = Field(
+        86400.0, validation_alias="EVENTBUS_RETRY_AFTER_MAX_SECONDS",
+        description="The longest wait a `RetryAfter` (a handler's, or a partner's "
+                    "`Retry-After`) may ask for; a longer one, a date years ahead, waits this "
+                    "long. The shortest is 1 s (negative, NaN, past and unreadable values).")
     order_wait_seconds: Positive = Field(
         1.0, validation_alias="EVENTBUS_ORDER_WAIT_SECONDS",
         description="How long an event of an ordered handler (`ordered_by`) waits for its "

@@ -272,3 +272,30 @@ def test_a_live_lease_blocks_the_guard_until_it_expires(
         guard.run("mail-1", lambda: {"ran": True})
     clock.advance(31)
     assert guard.run("mail-1", lambda: {"ran": True}).result == {"ran": True}
+
+
+@pytest.mark.parametrize("header", ["120", "Wed, 21 Oct 2026 07:28:00 GMT"])
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_partner_asking_to_come_back_later_raises_its_retry_after(
+        store: MemoryEventStore, clock: FakeClock, status: int, header: str) -> None:
+    from eventbus.model.errors import RetryAfter
+    from tests.partner_server import Later
+
+    with PartnerServer([Later(status, header)]) as partner, \
+            pytest.raises(PartnerUnavailable) as failed:
+        client(store, clock).deliver(KEY, partner.url, BODY)
+    asked = failed.value.__cause__
+    assert isinstance(asked, RetryAfter)  # the processor defers the event to that time
+    assert asked.when == (120.0 if header == "120" else
+                          dt.datetime(2026, 10, 21, 7, 28, tzinfo=dt.UTC))
+    assert record(store)["status"] == "FAILED"  # the guard let the key go: it runs again
+
+
+def test_a_retry_after_on_another_status_or_unreadable_is_an_ordinary_failure(
+        store: MemoryEventStore, clock: FakeClock) -> None:
+    from tests.partner_server import Later
+
+    for action in (Later(500, "120"), Later(429, "soon")):
+        with PartnerServer([action]) as partner, pytest.raises(PartnerUnavailable) as failed:
+            client(store, clock).deliver(f"{KEY}-{action.status}", partner.url, BODY)
+        assert failed.value.__cause__ is None

@@ -2,7 +2,8 @@
 
 * ``deadline``: ``Client`` and ``request`` on requests/urllib3: a call ends within its
   total deadline however slowly the other side answers, with a cap on the answer's size;
-* ``deadline_async``: the same for async code, on httpx.
+* ``deadline_async``: the same for async code, on httpx;
+* ``retry_after``: a partner's ``Retry-After`` header, read (seconds or an HTTP date).
 
 May import: the standard library, ``eventbus.model``, requests/urllib3 and httpx.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -36,6 +37,51 @@ class LeaseHeld(TransientError):
     def __init__(self, record: Mapping[str, Any]) -> None:
         super().__init__(f"event {record.get('idempotency_key')!r} is being processed elsewhere")
         self.record = record
+
+
+class RetryAfter(TransientError):
+    """Raised by a handler (or a partner client) that knows when the event is worth running
+    again: ``raise RetryAfter(120, "partner asked")`` or ``RetryAfter(a_datetime, ...)``.
+
+    The processor stores the event FAILED-retryable with ``redrive_at`` at that time on
+    the store's clock, answers 2xx (the push is acked, a pull acked), and the
+    store-driven redrive brings it back then, not before. Unlike a park, the attempt
+    counts: past ``Settings.max_attempts`` the event is FAILED for good, so nothing is
+    retried forever. Any value is bounded (``delay``): never an exception.
+    """
+
+    classification = "retry_after"
+    SHORTEST = 1.0
+    """The shortest wait in seconds: a negative, zero, NaN or past value waits this long."""
+
+    def __init__(self, when: Any, reason: str = "") -> None:
+        super().__init__(f"retry after {when!r}: {reason}" if reason else f"retry after {when!r}")
+        self.when, self.reason = when, reason
+
+    def delay(self, now: datetime, longest: float) -> float:
+        """Seconds from ``now`` until the event may run again, within [SHORTEST, longest].
+
+        ``when`` is seconds (a number, or text such as ``"120"``), or a datetime (a
+        naive one is UTC). Anything else (garbage, NaN, infinities, a date in the past,
+        a year ahead) is bounded, never an error.
+        """
+        seconds = _seconds_until(self.when, now)
+        if seconds is None or seconds != seconds:  # not a time, or NaN
+            seconds = self.SHORTEST
+        return min(max(seconds, self.SHORTEST), max(longest, self.SHORTEST))
+
+
+def _seconds_until(when: Any, now: datetime) -> float | None:
+    """Seconds from ``now`` to ``when`` (seconds or a datetime); None: neither."""
+    if isinstance(when, datetime):
+        moment = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        return (moment - now).total_seconds()
+    if isinstance(when, bool):
+        return None
+    try:
+        return float(when)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 class PublishError(TransientError):

@@ -31,6 +31,9 @@ class Outcome(enum.Enum):
     """The handler ran but another worker took the lease meanwhile (503: it decides)."""
     PARKED = "parked"
     """The partner's breaker or rate paused the call: stored FAILED-retryable, parked, acked."""
+    DEFERRED = "deferred"
+    """The handler (or its partner) said when to come back (``RetryAfter``): stored
+    FAILED-retryable with its time, the attempt spent, acked; the redrive brings it back."""
     STALE = "stale"
     """An ordered handler's event older than one applied for its entity: stored SUCCESS
     as stale, never run (acked)."""
@@ -83,6 +86,8 @@ FACTS: Mapping[Outcome, Facts] = MappingProxyType({
     # Acked, not final: the store redrives a parked event when its partner takes calls
     # again, and a 503 would slow every other partner's pushes.
     Outcome.PARKED: Facts(200, logging.INFO, "parked"),
+    # Acked, not final, as a park is: the store redrives it at the time it was given.
+    Outcome.DEFERRED: Facts(200, logging.INFO, "retry_after"),
     Outcome.STALE: Facts(200, logging.INFO, final=True, settles=True),
 })
 """Each outcome's facts: the one table (issue 41)."""

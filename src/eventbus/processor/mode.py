@@ -22,12 +22,12 @@ import abc
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eventbus.correlation import tracecontext
 from eventbus.model.content import error_text
 from eventbus.model.context import Context
-from eventbus.model.errors import Classification, ContentRejected, PartnerPaused
+from eventbus.model.errors import Classification, ContentRejected, PartnerPaused, RetryAfter
 from eventbus.model.outcome import Outcome
 from eventbus.processor.ordering import Lane, stale_pending
 from eventbus.processor.rejections import brief, existing
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the processor builds its mode with itself: a type here, not
     from eventbus.processor.pipeline import Processor
 
 logger = logging.getLogger("eventbus")
+E = TypeVar("E", bound=BaseException)
 
 
 class Mode(abc.ABC):
@@ -233,6 +234,9 @@ class LiveMode(Mode):
             return self._parked(item, exc, paused)
         processor = self.processor
         settings = processor.settings
+        later = _caused_by(exc, RetryAfter)
+        if later is not None and self.attempts_used(item) < settings.max_attempts:
+            return self._deferred(item, exc, later)
         kind = processor.classifier.classify(exc)
         # A write the store refuses for its content (too large, a value it
         # cannot hold), the record's or a handler's own, fails the same way on
@@ -267,6 +271,20 @@ class LiveMode(Mode):
                        (logging.INFO, f"parked {item.key} until {paused.until}: "
                                       f"{error_text(exc)}"))
 
+    def _deferred(self, item: Item, exc: Exception, later: RetryAfter) -> Pending:
+        # The handler said when: acked and stored retryable at that time on the store's
+        # clock (so instances whose clocks differ agree), the attempt spent.
+        assert item.claim is not None
+        now = self.processor.store.now()
+        at = now + timedelta(seconds=later.delay(
+            now, self.processor.settings.retry_after_max_seconds))
+        error = {**documents.error_document(exc, RetryAfter.classification), "until": at}
+        finish = Finish(item.key, item.claim.owner, error=error, retryable=True, redrive_at=at)
+        return Pending(finish, Result(Outcome.DEFERRED, key=item.key, event_type=item.event_type,
+                                      attempt=item.claim.attempt, error=brief(exc)),
+                       (logging.INFO, f"deferred {item.key} until {at} (attempt "
+                                      f"{item.claim.attempt}): {error_text(exc)}"))
+
     def undecided(self, item: Item, lane: Lane) -> None:
         """Live, a failure's outcome stands."""
 
@@ -284,10 +302,15 @@ class LiveMode(Mode):
 
 def _paused(exc: BaseException) -> PartnerPaused | None:
     """The ``PartnerPaused`` that ``exc`` is or was raised ``from`` (a handler may wrap it)."""
+    return _caused_by(exc, PartnerPaused)
+
+
+def _caused_by(exc: BaseException, kind: type[E]) -> E | None:
+    """The ``kind`` that ``exc`` is or was raised ``from`` (a handler may wrap it)."""
     seen: set[int] = set()
     found: BaseException | None = exc
     while found is not None and id(found) not in seen:
-        if isinstance(found, PartnerPaused):
+        if isinstance(found, kind):
             return found
         seen.add(id(found))
         found = found.__cause__
