@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from eventbus.model.status import Status
-from eventbus.ops.render import safe
+from eventbus.ops.render import WIDTH, clip, safe, table
 from eventbus.store.base import EventStore
 from eventbus.store.documents import replays as rebuilds
 
@@ -66,16 +66,21 @@ def _status(doc: Mapping[str, Any]) -> str:
     return str(doc.get("event_status"))
 
 
-def status_table(store: EventStore, keys: Iterable[str] | None = None) -> str:
-    """Return a text table: one row per event type, one column per status."""
+def status_table(store: EventStore, keys: Iterable[str] | None = None,
+                 total: int | None = WIDTH) -> str:
+    """Return a text table: one row per event type, one column per status.
+
+    Below it, each FAILED event's key and error, and each unfinished rebuilt
+    event; every line ``total`` columns at most (None: nothing cut).
+    """
     docs = store.summaries(None if keys is None else set(keys))
     rows = Counter((doc.get("event_type", "?"), _status(doc)) for doc in docs)
     columns = sorted({status for _, status in rows})
-    lines = [_row(["event_type", *columns, "total"])]
+    body = []
     for event_type in sorted({event_type for event_type, _ in rows}):
         counts = [rows[(event_type, column)] for column in columns]
-        lines.append(_row([event_type, *map(str, counts), str(sum(counts))]))
-    lines += [f"  FAILED {safe(doc['idempotency_key'])}: "
+        body.append([event_type, *counts, sum(counts)])
+    lines = [f"  FAILED {safe(doc['idempotency_key'])}: "
               f"{safe((doc.get('error') or {}).get('message', ''))}"
               for doc in docs if doc.get("event_status") == Status.FAILED]
     lines += [f"  UNFINISHED {safe(doc['idempotency_key'])}: made by rebuild "
@@ -83,8 +88,6 @@ def status_table(store: EventStore, keys: Iterable[str] | None = None) -> str:
               f"no redrive runs it: eventbus rebuild --resume "
               f"{safe(str(doc.get('rebuild_made')))}"
               for doc in docs if rebuilds.made_unfinished(doc)]
-    return "\n".join(lines)
-
-
-def _row(cells: Sequence[str]) -> str:
-    return "  " + "".join(f"{safe(cell):<20}" for cell in cells)
+    notes = lines if total is None else [clip(line, total) for line in lines]
+    return "\n".join([table(["event_type", *columns, "total"], body, whole=(), total=total),
+                      *notes])

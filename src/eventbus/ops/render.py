@@ -12,7 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 # C0 and C1 controls, DEL, zero-width and bidi controls, line/paragraph
@@ -20,6 +21,12 @@ from typing import Any
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff"
                      "\ud800-\udfff]")
 MAX_CELL = 60
+WIDTH = 100
+"""How many columns a table takes unless told otherwise (``--wide``: no limit)."""
+MIN_COLUMN = 6
+SHORT = 24
+"""Columns are cut to this first (a time as ``moment`` writes it fits), below it only then."""
+"""A column is cut no narrower than this (its header is cut too)."""
 ELLIPSIS = "…"
 
 
@@ -35,28 +42,128 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def clip(text: str, width: int = MAX_CELL) -> str:
-    """Return ``text`` cut to ``width`` characters, with an ellipsis when cut."""
-    return text if len(text) <= width else text[:max(width - 1, 0)] + ELLIPSIS
+    """Return ``text`` cut to ``width`` terminal columns, with an ellipsis when cut."""
+    if columns(text) <= width:
+        return text
+    if width <= 0:
+        return ""
+    if text.isascii():
+        return text[:width - 1] + ELLIPSIS
+    kept, used = [], 0
+    for char in text:
+        size = _columns_of(char)
+        if used + size > width - 1:
+            break
+        kept.append(char)
+        used += size
+    return "".join(kept) + ELLIPSIS
+
+
+def columns(text: str) -> int:
+    """Return how many terminal columns ``text`` takes: wide characters two, combining none."""
+    return len(text) if text.isascii() else sum(map(_columns_of, text))
+
+
+def _columns_of(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *,
-          width: int = MAX_CELL, whole: Sequence[str] = ("key",)) -> str:
-    """Return an aligned text table; every cell is escaped and clipped to ``width``.
+          width: int = MAX_CELL, whole: Sequence[str] = ("key",),
+          total: int | None = WIDTH) -> str:
+    """Return an aligned text table, every cell escaped, no line wider than ``total`` columns.
 
-    Columns named in ``whole`` (keys, which an operator copies) are never clipped.
+    Each cell is first cut to ``width`` columns, except in the columns named in
+    ``whole`` (keys, which an operator copies). If the table is still wider than
+    ``total``, the widest other columns are cut further, down to ``MIN_COLUMN``;
+    if that is not enough, the ``whole`` columns move to a line of their own
+    above each row (cut only when one is wider than ``total`` by itself; the
+    commands' ``--json`` has every value in full), and the rest is indented
+    under it. ``total=None`` (``--wide``) cuts nothing.
     """
-    limits = [len(header) + 10**6 if header in whole else width for header in headers]
-    cells = [[clip(safe("" if cell is None else cell), limit)
-              for cell, limit in zip(row, limits, strict=True)] for row in rows]
-    sizes = [max([len(header), *(len(row[n]) for row in cells)])
-             for n, header in enumerate(headers)]
-    lines = [_line(headers, sizes), _line(["-" * size for size in sizes], sizes)]
-    lines += [_line(row, sizes) for row in cells]
+    texts = [[safe("" if cell is None else cell) for cell in row] for row in rows]
+    if total is None:
+        return _grid(headers, texts, None)
+    limits = [10**9 if header in whole else width for header in headers]
+    cells = [[clip(cell, limit) for cell, limit in zip(row, limits, strict=True)]
+             for row in texts]
+    kept = [n for n, header in enumerate(headers) if header in whole]
+    if not kept or _fits(headers, cells, kept, total):
+        return _grid(headers, cells, total, kept)
+    rest = [n for n in range(len(headers)) if n not in kept]
+    inner = _grid([headers[n] for n in rest], [[row[n] for n in rest] for row in cells],
+                  total - 2).splitlines()
+    lines = ["  ".join(headers[n] for n in kept), *(f"  {line}" for line in inner[:2])]
+    for row, line in zip(cells, inner[2:], strict=True):
+        lines += [clip("  ".join(row[n] for n in kept).rstrip(), total), f"  {line}"]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _fits(headers: Sequence[str], cells: Sequence[Sequence[str]], kept: Sequence[int],
+          total: int) -> bool:
+    """Whether the table fits ``total`` with the ``kept`` columns whole, the others cut.
+
+    Cut as ``_shrink`` does, but no column ``SHORT`` or narrower is cut: keys move to
+    a line of their own before times and statuses are cut for them.
+    """
+    sizes = _sizes(headers, cells)
+    budget = total - 2 * (len(headers) - 1)
+    _shrink(sizes, [n for n in range(len(headers)) if n not in kept], budget, short=False)
+    return sum(sizes) <= budget
+
+
+def _sizes(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> list[int]:
+    return [max([columns(header), *(columns(row[n]) for row in cells)])
+            for n, header in enumerate(headers)]
+
+
+def _grid(headers: Sequence[str], cells: Sequence[Sequence[str]], total: int | None,
+          kept: Sequence[int] = ()) -> str:
+    """The aligned table of ``cells``, its widest columns cut to fit ``total``.
+
+    The ``kept`` columns are cut last, when the others are at their minimum.
+    """
+    sizes = _sizes(headers, cells)
+    if total is not None:
+        budget = total - 2 * (len(headers) - 1)
+        _shrink(sizes, [n for n in range(len(headers)) if n not in kept], budget)
+        _shrink(sizes, kept, budget)
+    heads = [clip(header, size) for header, size in zip(headers, sizes, strict=True)]
+    lines = [_line(heads, sizes), _line(["-" * size for size in sizes], sizes)]
+    lines += [_line([clip(cell, size) for cell, size in zip(row, sizes, strict=True)], sizes)
+              for row in cells]
+    if total is not None:  # columns at their minimum and still too many: cut the lines
+        lines = [clip(line, total) for line in lines]
     return "\n".join(lines)
 
 
+def _shrink(sizes: list[int], candidates: Iterable[int], budget: int, *,
+            short: bool = True) -> None:
+    """Narrow the widest of ``candidates`` one column at a time until ``sizes`` fit ``budget``.
+
+    First none below ``SHORT``, then only the columns that were wider than it,
+    then any (unless not ``short``): times, statuses and counts stay whole while
+    long texts give way. None goes below ``MIN_COLUMN``.
+    """
+    every = list(candidates)
+    long = [n for n in every if sizes[n] > SHORT]
+    passes = [(SHORT, every), (MIN_COLUMN, long)] + [(MIN_COLUMN, every)] * short
+    for floor, chosen in passes:
+        excess = sum(sizes) - budget
+        while excess > 0:
+            wide = [n for n in chosen if sizes[n] > floor]
+            if not wide:
+                break
+            widest = max(wide, key=lambda n: sizes[n])
+            sizes[widest] -= 1
+            excess -= 1
+
+
 def _line(cells: Sequence[str], sizes: Sequence[int]) -> str:
-    return "  ".join(cell.ljust(size) for cell, size in zip(cells, sizes, strict=True)).rstrip()
+    return "  ".join(cell + " " * (size - columns(cell))
+                     for cell, size in zip(cells, sizes, strict=True)).rstrip()
 
 
 def to_json(value: Any) -> str:

@@ -43,8 +43,12 @@ LIST_FIELDS = ("idempotency_key", "event_type", "event_status", "retryable", "er
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                    r"[0-9a-fA-F]{12}\b")
-_HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])[0-9a-fA-F]{12,}\b")
-_NUMBER = re.compile(r"\d{4,}")
+_HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{12,}\b")
+# An ISO 8601 / RFC 3339 time, date or time of day, whole: one mask, never half of one.
+_TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?"
+                   r"(?:Z|[+-]\d{2}:?\d{2})?)?(?!\w)|\b\d{2}:\d{2}:\d{2}(?:[.,]\d+)?Z?(?!\w)")
+# A number of four digits or more, or with a fraction; not a standard's name (RFC 3339).
+_NUMBER = re.compile(r"(?<!RFC )(?<!ISO )\b\d+\.\d+\b|(?<!RFC )(?<!ISO )\d{4,}")
 _SPACE = re.compile(r"\s+")
 MAX_CAUSE = 200
 
@@ -63,11 +67,17 @@ def status_label(record: Mapping[str, Any]) -> str:
 # -- failed events, grouped by cause ------------------------------------------------------
 
 def normalise(message: str) -> str:
-    """Return an error message with its variable parts (ids, quoted values, numbers) masked."""
-    text = _QUOTED.sub("<s>", message)
+    """Return an error message with its variable parts masked, the same way everywhere.
+
+    Quoted values become ``<text>``, times (a whole timestamp, a date, a time of
+    day) ``<time>``, UUIDs and long hex ids ``<id>``, numbers of four digits or
+    more (or with a fraction) ``<number>``.
+    """
+    text = _QUOTED.sub("<text>", message)
+    text = _TIME.sub("<time>", text)
     text = _UUID.sub("<id>", text)
     text = _HEX_ID.sub("<id>", text)
-    text = _NUMBER.sub("<n>", text)
+    text = _NUMBER.sub("<number>", text)
     return _SPACE.sub(" ", text).strip()[:MAX_CAUSE]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eventbus.ops.commands.common import Tools, UsageError, add_json
+from eventbus.ops.commands.common import Tools, UsageError, add_json, add_table_options, width_of
 from eventbus.ops.render import safe, table
 from eventbus.partners.store import store_beside
 from eventbus.partners.view import PartnerView, SteerError, describe, steer, views
@@ -17,7 +17,7 @@ from eventbus.partners.view import PartnerView, SteerError, describe, steer, vie
 def add(commands: Any) -> None:
     """Register ``partners`` with its ``open`` and ``close`` actions."""
     partners = commands.add_parser("partners", help="partner breakers, parked events, rates")
-    add_json(partners)
+    add_table_options(partners)
     partners.set_defaults(run=cmd_list)
     actions = partners.add_subparsers(dest="action")
     for action, words in (("open", "hold a partner's breaker open: its events are parked"),
@@ -39,7 +39,7 @@ def cmd_list(args: argparse.Namespace, tools: Tools) -> int:
     rows = [_row(view) for view in found]
     headers = ["partner", "breaker", "opened because", "failures", "last error", "slow calls",
                "parked", "rate/s", "bulkhead"]
-    text = table(headers, rows, whole=("partner", "opened because")) if rows \
+    text = table(headers, rows, whole=("partner",), total=width_of(args)) if rows \
         else "no partner has a breaker or parked events"
     if rows:
         text += ("\nbulkhead: calls in flight allowed per process; the calls in flight are "

@@ -28,11 +28,12 @@ from eventbus.ops.commands.common import (
     APP_HELP,
     Tools,
     UsageError,
-    add_json,
+    add_table_options,
     load_router,
     positive,
     rate,
     since,
+    width_of,
 )
 from eventbus.ops.render import safe, table
 from eventbus.processor.intake import Intake, Located
@@ -86,7 +87,7 @@ def add(commands: Any) -> None:
     rebuild.add_argument("--forward", action="store_true",
                          help="publish the public-topic forwards again")
     rebuild.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
-    add_json(rebuild)
+    add_table_options(rebuild)
     rebuild.set_defaults(run=cmd_rebuild)
 
 
@@ -205,11 +206,13 @@ def _report(args: argparse.Namespace, tools: Tools, report: Report, source: Sour
         f"{count} {name}" for name, count in report.counts.items())]
     if report.failures:
         lines += ["", table(["key", "reason"], [[f["key"], f["reason"]]
-                                                for f in report.failures])]
+                                                for f in report.failures],
+                            total=width_of(args))]
     if report.new_children:
         lines += ["", table(["parent", "new child", "published"],
                             [[c["parent"], c["key"], "yes" if c["emitted"] else "no (--emit-new)"]
-                             for c in report.new_children])]
+                             for c in report.new_children],
+                            whole=("parent", "new child"), total=width_of(args))]
     lines += [f"no event with idempotency key {safe(key)!r}" for key in source.missing]
     tools.emit({**report.to_json(), "missing": source.missing}, "\n".join(lines), args)
 
@@ -240,7 +243,8 @@ def _dry_run(args: argparse.Namespace, tools: Tools, source: _Planned,
             rows.append([key, event_type, would])
     rows += [[key, "", f"cannot be rebuilt: {why}"] for key, why in source.unreadable]
     running = sum(str(row[2]).startswith("run") for row in rows)
-    text = (table(["key", "event_type", "would"], rows) if rows else "nothing to rebuild") + \
+    text = (table(["key", "event_type", "would"], rows, total=width_of(args)) if rows
+            else "nothing to rebuild") + \
         f"\n\n{running} events would run again"
     text += "".join(f"\nno event with idempotency key {safe(key)!r}" for key in source.missing)
     tools.emit({"dry_run": True,

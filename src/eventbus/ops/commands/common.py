@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from eventbus.model.delivery import Delivery
 from eventbus.model.router import Router
 from eventbus.ops.config import OpsSettings
-from eventbus.ops.render import safe, to_json
+from eventbus.ops.render import WIDTH, safe, to_json
 from eventbus.ops.replay import routerless
 from eventbus.ops.reports import failed_query
 from eventbus.pubsub.message import MessagePublisher
@@ -134,6 +134,18 @@ def rate(text: str) -> float:
 def add_json(parser: argparse.ArgumentParser) -> None:
     """Add ``--json``."""
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_table_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--json`` and ``--wide``: the options of every command that prints a table."""
+    add_json(parser)
+    parser.add_argument("--wide", action="store_true",
+                        help=f"cut no value (tables fit {WIDTH} columns otherwise)")
+
+
+def width_of(args: argparse.Namespace) -> int | None:
+    """The columns a command's tables may take: ``WIDTH``, or None (no limit) with ``--wide``."""
+    return None if getattr(args, "wide", False) else WIDTH
 
 
 def add_filters(parser: argparse.ArgumentParser) -> None:

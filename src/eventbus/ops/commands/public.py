@@ -28,11 +28,13 @@ from eventbus.ops.commands.common import (
     APP_HELP,
     Tools,
     UsageError,
+    add_table_options,
     load_router,
     positive,
     wait_seconds,
+    width_of,
 )
-from eventbus.ops.render import safe, table
+from eventbus.ops.render import table
 
 
 def add(commands: Any) -> None:
@@ -51,6 +53,7 @@ def add(commands: Any) -> None:
     peek.add_argument("--ack", action="store_true", help="acknowledge what is shown")
     peek.add_argument("--wait", type=wait_seconds, default=10.0,
                       help="seconds an empty subscription is waited on (default 10)")
+    add_table_options(peek)
     peek.set_defaults(run=cmd_peek)
 
 
@@ -119,15 +122,18 @@ def cmd_peek(args: argparse.Namespace, tools: Tools) -> int:
         raise EventBusError(f"cannot pull {path}: {exc}") from None
     finally:
         client.close()
-    rows = [[m.message.message_id, m.message.publish_time.isoformat(),
-             safe(m.message.attributes.get("contract_version", "")),
-             safe(m.message.attributes.get("idempotency_key", "")),
-             safe(m.message.data.decode("utf-8", "backslashreplace"))] for m in received]
+    messages = [{"message_id": m.message.message_id,
+                 "published": m.message.publish_time.isoformat(),
+                 "attributes": dict(m.message.attributes),
+                 "data": m.message.data.decode("utf-8", "backslashreplace")} for m in received]
+    rows = [[m["message_id"], m["published"], m["attributes"].get("contract_version", ""),
+             m["attributes"].get("idempotency_key", ""), m["data"]] for m in messages]
     headers = ["message id", "published", "version", "idempotency_key", "data"]
-    # The key and the body are what a consumer reads: shown whole, never clipped.
-    text = table(headers, rows, whole=("idempotency_key", "data")) if rows \
+    # The key is what a consumer copies: kept whole where it fits; the body is cut to the
+    # width (--wide or --json shows it whole).
+    text = table(headers, rows, whole=("idempotency_key",), total=width_of(args)) if rows \
         else f"nothing waiting on {path}"
-    print(text, file=tools.out)
+    tools.emit({"subscription": path, "messages": messages}, text, args)
     return 0
 
 

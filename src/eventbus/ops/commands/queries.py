@@ -15,12 +15,13 @@ from eventbus.ops import backoff, cascade
 from eventbus.ops.commands.common import (
     Tools,
     add_filters,
-    add_json,
+    add_table_options,
     positive,
     query_of,
     since,
+    width_of,
 )
-from eventbus.ops.render import duration, moment, safe, table, to_json
+from eventbus.ops.render import WIDTH, clip, duration, moment, safe, table, to_json
 from eventbus.ops.reports import (
     LIST_FIELDS,
     EventView,
@@ -43,16 +44,16 @@ def add(commands: Any) -> None:
     failed = commands.add_parser("failed", help="failed events, grouped by cause (seed 002)")
     add_filters(failed)
     failed.add_argument("--list", action="store_true", help="list the events, not the groups")
-    add_json(failed)
+    add_table_options(failed)
     failed.set_defaults(run=cmd_failed)
     partner = commands.add_parser("history", help="a partner's events, newest first (seed 002)")
     partner.add_argument("--partner", required=True, help="entity_metadata.partnerId")
     partner.add_argument("--limit", type=positive, default=100, help="at most (default 100)")
-    add_json(partner)
+    add_table_options(partner)
     partner.set_defaults(run=cmd_history)
     show = commands.add_parser("show", help="one event: record, attempts, error, cascade")
     show.add_argument("key", help="the idempotency key")
-    add_json(show)
+    add_table_options(show)
     show.set_defaults(run=cmd_show)
     entity = commands.add_parser("entity", help="an ordered entity: applied position, holder, "
                                                 "its last events (ordered_by)")
@@ -60,7 +61,7 @@ def add(commands: Any) -> None:
     entity.add_argument("entity_type", help="entity_metadata.entity_type")
     entity.add_argument("entity_id", help="entity_metadata.entity_id")
     entity.add_argument("--limit", type=positive, default=20, help="events (default 20)")
-    add_json(entity)
+    add_table_options(entity)
     entity.set_defaults(run=cmd_entity)
     add_stats(commands)
     add_retries(commands)
@@ -72,7 +73,7 @@ def add_stats(commands: Any) -> None:
     when = window.add_mutually_exclusive_group()
     when.add_argument("--since", type=since, help="2h, 7d or an ISO time")
     when.add_argument("--hours", type=positive, help="the last N hours (default 24)")
-    add_json(window)
+    add_table_options(window)
     window.set_defaults(run=cmd_stats)
 
 
@@ -87,7 +88,7 @@ def add_retries(commands: Any) -> None:
                          help="do not ask Pub/Sub for the subscription's policy")
     retries.add_argument("--nearest", type=positive, default=10,
                          help="how many events nearest the attempt cap (default 10)")
-    add_json(retries)
+    add_table_options(retries)
     retries.set_defaults(run=cmd_retries)
 
 
@@ -101,31 +102,32 @@ def cmd_failed(args: argparse.Namespace, tools: Tools) -> int:
     if args.list:
         data = {"events": [_row_json(record) for record in report.records],
                 "truncated": report.truncated}
-    tools.emit(data, failed_text(report, listed=args.list), args)
+    tools.emit(data, failed_text(report, listed=args.list, total=width_of(args)), args)
     return 0
 
 
-def failed_text(report: FailedReport, *, listed: bool = False) -> str:
-    """Return the groups table (or the events table) of a failed report."""
+def failed_text(report: FailedReport, *, listed: bool = False,
+                total: int | None = WIDTH) -> str:
+    """Return the groups table (or the events table) of a failed report, ``total`` wide."""
     if not report.records:
         return "no failed events"
     if listed:
-        text = events_table(report.records)
+        text = events_table(report.records, total=total)
     else:
         text = table(["group", "count", "retrying", "final", "event_type", "error", "message"],
                      [[g.id, g.count, g.retrying, g.final, g.event_type, g.error_type, g.message]
-                      for g in report.groups])
+                      for g in report.groups], whole=("group",), total=total)
         text += f"\n\n{len(report.records)} failed events in {len(report.groups)} groups" \
                 "; replay one group: eventbus replay --group <group>"
     return text + ("\n(truncated: narrow the filters)" if report.truncated else "")
 
 
-def events_table(records: list[Record]) -> str:
+def events_table(records: list[Record], total: int | None = WIDTH) -> str:
     """Return a table of records: created, key, type, status, attempts, partner, error."""
     return table(["created", "key", "event_type", "status", "attempts", "partner", "error"],
                  [[moment(r.get("created")), r.get("idempotency_key"), r.get("event_type"),
                    status_label(r), r.get("attempts", 0), _partner(r), _error(r)]
-                  for r in records])
+                  for r in records], total=total)
 
 
 def _row_json(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,7 +154,8 @@ def _error(record: Mapping[str, Any]) -> str:
 def cmd_history(args: argparse.Namespace, tools: Tools) -> int:
     """Print a partner's events, newest first."""
     records = history(tools.store(), args.partner, args.limit)
-    text = events_table(records) if records else f"no events of partner {safe(args.partner)}"
+    text = (events_table(records, width_of(args)) if records
+            else f"no events of partner {safe(args.partner)}")
     tools.emit({"partner": args.partner, "events": [_row_json(r) for r in records]}, text, args)
     return 0
 
@@ -163,7 +166,7 @@ def cmd_show(args: argparse.Namespace, tools: Tools) -> int:
     if view is None:
         print(f"eventbus: no event with idempotency key {safe(args.key)!r}", file=tools.err)
         return 1
-    tools.emit(view.to_json(), show_text(view), args)
+    tools.emit(view.to_json(), show_text(view, width_of(args)), args)
     return 0
 
 
@@ -179,11 +182,11 @@ def cmd_entity(args: argparse.Namespace, tools: Tools) -> int:
             "events": [{"key": e.get("idempotency_key"), "status": status_label(e),
                         "event_type": e.get("event_type"), "created": e.get("created")}
                        for e in events]}
-    tools.emit(data, entity_text(data), args)
+    tools.emit(data, entity_text(data, width_of(args)), args)
     return 0 if record or events else 1
 
 
-def entity_text(data: Mapping[str, Any]) -> str:
+def entity_text(data: Mapping[str, Any], total: int | None = WIDTH) -> str:
     """Return the text of ``entity``: position, holder, events newest first."""
     holder = data.get("holder") if isinstance(data.get("holder"), Mapping) else None
     lines = [f"{'position:':<14}{safe(data.get('position'))}",
@@ -194,30 +197,39 @@ def entity_text(data: Mapping[str, Any]) -> str:
              "", "events:", _indent(table(
                  ["created", "key", "event_type", "status"],
                  [[moment(e["created"]), e["key"], e["event_type"], e["status"]]
-                  for e in data["events"]]))]
+                  for e in data["events"]], total=_inner(total)))]
     return "\n".join(lines)
 
 
-def show_text(view: EventView) -> str:
+def show_text(view: EventView, total: int | None = WIDTH) -> str:
     """Return the text of ``show``: fields, attempts, replays, cascade, data."""
     record = view.record
+    # Each field on a line of its own, cut to the width; the key, which is copied, whole.
     lines = [f"{name + ':':<14}{safe(value)}" for name, value in _summary(record)]
+    lines = [line if total is None or line.startswith("key:") else clip(line, total)
+             for line in lines]
     lines += ["", "attempts:", _indent(table(
         ["#", "at", "since previous", ""],
         [[a.number, a.at.isoformat() if a.at else "?", duration(a.delay_ms),
-          "after a replay" if a.after_replay else ""] for a in view.attempts]))]
+          "after a replay" if a.after_replay else ""] for a in view.attempts],
+        total=_inner(total)))]
     replays = [r for r in record.get("replays", []) if isinstance(r, Mapping)]
     if replays:
         lines += ["", "replays:", _indent(table(
             ["at", "by", "why", "attempt", "data"],
             [[r.get("at"), r.get("by"), r.get("why"), r.get("attempt"),
-              to_json(r["data"]) if "data" in r else ""] for r in replays]))]
+              to_json(r["data"]) if "data" in r else ""] for r in replays],
+            total=_inner(total)))]
     forwards = forwarded(record)
     if forwards:
         lines += ["", "forwarded:", _indent(table(
-            ["topic", "contract", "status", "message id", "at / error"], forwards))]
+            ["topic", "contract", "status", "message id", "at / error"], forwards,
+            total=_inner(total)))]
     if view.tree is not None:
-        lines += ["", "cascade:", _indent(cascade.render(view.tree, marked=view.key))]
+        tree = _indent(cascade.render(view.tree, marked=view.key))
+        # Cut to the width like the tables (``eventbus trace KEY`` prints it whole).
+        lines += ["", "cascade:", *(line if total is None else clip(line, total)
+                                    for line in tree.splitlines())]
     body = record.get("entity_data") if "raw_payload" not in record else record["raw_payload"]
     lines += ["", "raw_payload:" if "raw_payload" in record else "entity_data:",
               _indent(to_json(body))]
@@ -249,6 +261,11 @@ def _summary(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
+def _inner(total: int | None) -> int | None:
+    """The width of a table indented by ``_indent`` in a text ``total`` wide."""
+    return None if total is None else total - 2
+
+
 def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
 
@@ -259,11 +276,11 @@ def cmd_stats(args: argparse.Namespace, tools: Tools) -> int:
     """Print events by type, status and partner created in the window."""
     start = args.since or tools.now() - dt.timedelta(hours=args.hours or 24)
     counts = stats(tools.store(), start)
-    tools.emit(counts.to_json(), stats_text(counts), args)
+    tools.emit(counts.to_json(), stats_text(counts, width_of(args)), args)
     return 0
 
 
-def stats_text(counts: Stats) -> str:
+def stats_text(counts: Stats, total: int | None = WIDTH) -> str:
     """Return the two tables of ``stats``: by type and by partner."""
     if not counts.total:
         return f"no events created since {counts.since.isoformat()}"
@@ -272,7 +289,7 @@ def stats_text(counts: Stats) -> str:
     for title, rows in (("event_type", counts.by_type), ("partner", counts.by_partner)):
         parts.append(table([title, *columns, "total"],
                            [[name, *(c[label] for label in columns), sum(c.values())]
-                            for name, c in sorted(rows.items())]))
+                            for name, c in sorted(rows.items())], total=total))
     return "\n\n".join(parts)
 
 
@@ -281,7 +298,7 @@ def cmd_retries(args: argparse.Namespace, tools: Tools) -> int:
     policy = _policy(args, tools)
     report = backoff.analyse(tools.store(), policy, tools.settings.max_attempts,
                              nearest=args.nearest)
-    tools.emit(report.to_json(), retries_text(report), args)
+    tools.emit(report.to_json(), retries_text(report, width_of(args)), args)
     return 0
 
 
@@ -297,7 +314,7 @@ def _policy(args: argparse.Namespace, tools: Tools) -> backoff.Policy:
                               f"flags (Pub/Sub not reachable: {reason})")
 
 
-def retries_text(report: backoff.RetryReport) -> str:
+def retries_text(report: backoff.RetryReport, total: int | None = WIDTH) -> str:
     """Return the policy line, the delays table and the nearest-cap table."""
     policy = report.policy
     bounds = ("none" if policy.min_backoff is None else
@@ -306,10 +323,10 @@ def retries_text(report: backoff.RetryReport) -> str:
              f"attempt cap {report.cap}; {report.scanned} events retried at least once"]
     rows = [[row.number, len(row.delays_ms), *map(duration, row.percentiles().values()),
              duration(max(row.delays_ms))] for row in report.rows]
-    lines += ["", table(["attempt", "samples", "p50", "p90", "p99", "max"], rows)
+    lines += ["", table(["attempt", "samples", "p50", "p90", "p99", "max"], rows, total=total)
               if rows else "no retried events yet"]
     near = [[n.key, n.event_type, n.status, n.used, n.left] for n in report.nearest]
     lines += ["", "nearest the attempt cap:",
-              table(["key", "event_type", "status", "used", "left"], near)
+              table(["key", "event_type", "status", "used", "left"], near, total=total)
               if near else "none unfinished"]
     return "\n".join(lines)

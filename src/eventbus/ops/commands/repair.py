@@ -14,13 +14,14 @@ from eventbus.ops.commands.common import (
     Tools,
     UsageError,
     add_filters,
-    add_json,
+    add_table_options,
     filters_given,
     locator,
     positive,
     query_of,
     rate,
     wait_seconds,
+    width_of,
 )
 from eventbus.ops.render import safe, table
 from eventbus.ops.replay import Replayer, ReplayResult, fetch, replayable, spaced
@@ -44,7 +45,7 @@ def add(commands: Any) -> None:
     replay.add_argument("--rate", type=rate, default=5.0,
                         help="at most N events per second, e.g. 5/s (default 5/s)")
     replay.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
-    add_json(replay)
+    add_table_options(replay)
     replay.set_defaults(run=cmd_replay)
     queue = commands.add_parser("dlq", help="the dead-letter subscription")
     actions = queue.add_subparsers(dest="action", required=True)
@@ -56,7 +57,7 @@ def add(commands: Any) -> None:
                        help="seconds an empty subscription is waited on before the drain "
                             "ends (default 10)")
     drain.add_argument("--app", help=f"{APP_HELP} (default $EVENTBUS_APP)")
-    add_json(drain)
+    add_table_options(drain)
     drain.set_defaults(run=cmd_drain)
 
 
@@ -104,7 +105,7 @@ def _plan(args: argparse.Namespace, tools: Tools, chosen: list[Record],
           missing: list[str]) -> int:
     rows = [[r.get("idempotency_key"), r.get("event_type"), status_label(r),
              r.get("attempts", 0)] for r in chosen]
-    text = (table(["key", "event_type", "status", "attempts"], rows) +
+    text = (table(["key", "event_type", "status", "attempts"], rows, total=width_of(args)) +
             f"\n\n{len(rows)} events would be replayed" if rows else "nothing to replay")
     tools.emit({"dry_run": True, "keys": [r.get("idempotency_key") for r in chosen]}, text,
                args)
@@ -146,7 +147,8 @@ def _run(args: argparse.Namespace, tools: Tools, chosen: list[Record]) -> list[R
 def _report(args: argparse.Namespace, tools: Tools, results: list[ReplayResult]) -> None:
     done = sum(r.outcome == "replayed" for r in results)
     text = table(["key", "outcome", "message id", "detail"],
-                 [[r.key, r.outcome, r.message_id, r.detail] for r in results])
+                 [[r.key, r.outcome, r.message_id, r.detail] for r in results],
+                 whole=("key", "message id"), total=width_of(args))
     tools.emit({"results": [r.to_json() for r in results], "replayed": done},
                f"{text}\n\n{done} of {len(results)} replayed", args)
 
@@ -197,7 +199,8 @@ def cmd_drain(args: argparse.Namespace, tools: Tools) -> int:
             f"as new FAILED records, {report.marked} marked on existing records, "
             f"{report.acked} acked")
     if report.keys:
-        text = table(["key"], [[key] for key in report.keys]) + "\n\n" + text
+        text = table(["key"], [[key] for key in report.keys], total=width_of(args)) + \
+            "\n\n" + text
     tools.emit(report.to_json(), text + (f"\n{safe(report.error)}" if report.error else ""),
                args)
     return 1 if report.error else 0

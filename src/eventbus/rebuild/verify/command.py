@@ -252,7 +252,9 @@ def report_text(report: Report) -> str:
                     f"{bases.count('archive')} against the archive)")
     if not rows:
         return summary
-    return table(["verdict", "key", "child", "what"], rows, whole=("key", "child", "what")) + \
+    # One line per difference, whole (it is grepped for): not cut to a width.
+    return table(["verdict", "key", "child", "what"], rows, whole=("key", "child", "what"),
+                 total=None) + \
         "\n\n" + safe(summary)
 
 
