@@ -167,7 +167,7 @@ class LocalBus:
         """
         event = build_event(event_type, data, entity=entity, version=version,
                             direction=direction)
-        body, attributes = build_message(event, key=idempotency_key)
+        body, attributes = build_message(event, key=idempotency_key, ordering_key=ordering_key)
         self.publisher.publish_message(body, attributes, ordering_key=ordering_key)
         self.drain()
         return record_key(event, attributes)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
+from eventbus.model.keys import rejected_key
 from eventbus.model.outcome import Outcome
 from eventbus.model.router import Router
 from eventbus.processor import Heartbeat, Processor
@@ -84,6 +85,7 @@ def test_hostile_content_is_stored_failed_never_unavailable(store: EventStore,
     assert stored["retryable"] is False and stored["payload_size"] == len(message.data)
     again = run.process(message)
     assert again.outcome in (Outcome.DUPLICATE, Outcome.REJECTED) and again.key == first.key
+    assert (store.get(first.key) or {})["delivery_count"] == 2
 
 
 JSON_LEAVES = st.one_of(
@@ -109,6 +111,74 @@ def test_any_json_ends_stored_within_two_deliveries(store: EventStore, data: Any
     assert results[0].outcome in (Outcome.PROCESSED, Outcome.REJECTED)
     assert results[1].outcome is Outcome.DUPLICATE or results[1].outcome is Outcome.REJECTED
     assert store.get(results[0].key) is not None
+
+
+# Whatever bytes come (nothing here is an event: no JSON value is an event object with
+# a type and an entity), and under whichever message id and trace context.
+INVALID_BYTES = st.one_of(st.binary(max_size=300),
+                          JSON.map(lambda value: json.dumps(value).encode()))
+TRACE = st.fixed_dictionaries({}, optional={
+    "traceparent": st.from_regex(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", fullmatch=True),
+    "tracestate": st.text(max_size=20)})
+
+
+@settings(max_examples=examples(60), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=INVALID_BYTES, traces=st.tuples(TRACE, TRACE))
+def test_the_same_invalid_bytes_twice_are_one_record_delivered_twice(
+        store: EventStore, data: bytes, traces: tuple[dict[str, str], dict[str, str]]) -> None:
+    # One key of its own per example (an attribute the receiver reads): the store is shared.
+    read = {"idempotency_key": uuid.uuid4().hex}
+    with closed_here(processor(store)) as run:
+        first = run.process(delivery(data, **read, **traces[0]))
+        again = run.process(delivery(data, **read, **traces[1]))  # another message id
+    assert (first.outcome, again.outcome) == (Outcome.REJECTED, Outcome.DUPLICATE)
+    assert first.key == again.key == rejected_key(data, read)
+    record = store.get(first.key) or {}
+    assert record["delivery_count"] == 2 and record["payload_size"] == len(data)
+    assert record["event_status"] == "FAILED" and record["retryable"] is False
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(bodies=st.lists(INVALID_BYTES, min_size=2, max_size=2, unique=True))
+def test_two_different_invalid_bodies_are_two_records(store: EventStore,
+                                                      bodies: list[bytes]) -> None:
+    read = {"idempotency_key": uuid.uuid4().hex}
+    with closed_here(processor(store)) as run:
+        results = [run.process(delivery(body, **read)) for body in bodies]
+    assert [result.outcome for result in results] == [Outcome.REJECTED] * 2
+    assert results[0].key != results[1].key
+    for body, result in zip(bodies, results, strict=True):
+        record = store.get(result.key) or {}
+        assert (record["delivery_count"], record["payload_size"]) == (1, len(body))
+
+
+def test_invalid_bytes_read_with_other_attributes_are_another_record(
+        store: EventStore) -> None:
+    run = processor(store)
+    plain, typed = run.process(delivery(b"{bad")), run.process(delivery(b"{bad", event_type="X"))
+    assert (plain.outcome, typed.outcome) == (Outcome.REJECTED, Outcome.REJECTED)
+    assert plain.key != typed.key
+
+
+def test_refused_bytes_again_after_their_record_was_corrected_are_a_duplicate(
+        store: EventStore, now: datetime) -> None:
+    run, bad = processor(store), b'{"event_type": "TEST", "entity_metadata": 5}'
+    refused = run.process(delivery(bad))
+    assert refused.outcome is Outcome.REJECTED
+    # An operator's correction takes the record (``eventbus replay --data``): a claim of
+    # another payload under its key, which succeeds; the refusal moves to ``rejections``.
+    corrected = run.locate(delivery(event(n=1)))
+    claim = store.claim(refused.key, corrected.fields, now)
+    assert store.succeed(refused.key, claim.owner, now)
+    after = store.get(refused.key) or {}
+    assert "delivery_count" not in after and after["rejections"][0]["delivery_count"] == 1
+    again = run.process(delivery(bad))
+    assert (again.outcome, again.key) == (Outcome.DUPLICATE, refused.key)
+    assert not [doc for doc in store.summaries()
+                if doc["idempotency_key"].startswith("conflict:")]
+    assert store.get(refused.key) == after  # counted no more: it is no refusal now
 
 
 def test_a_second_payload_under_a_key_is_a_conflict_in_one_claim(store: EventStore) -> None:

@@ -417,10 +417,12 @@ class TestReject:
         error = {"type": "InvalidEvent", "message": "not JSON", "classification": "invalid"}
         assert store.reject(key, fields, now, error, raw_payload="{bad") is True
         before = store.get(key)
+        assert before is not None and before["delivery_count"] == 1
+        # The same bytes again: one record, which counts the delivery and nothing else.
         assert store.reject(key, fields, now + timedelta(seconds=1), ERROR, "other") is False
-        assert_unchanged(store, key, before)
+        assert store.reject(key, fields, now + timedelta(seconds=2), ERROR, "other") is False
+        assert_unchanged(store, key, {**before, "delivery_count": 3})
         assert [doc["idempotency_key"] for doc in store.summaries()] == [key]
-        assert before is not None
         assert (before["event_status"], before["retryable"], before["error"]) == (
             FAILED, False, error)
         assert before["raw_payload"] == "{bad" and before["event_type"] == "UNKNOWN"
@@ -430,6 +432,32 @@ class TestReject:
         assert isinstance(before["expire_at"], datetime)
         assert before["expire_at"] == now + RETENTION
         assert "lease_owner" not in before and "lease_until" not in before
+
+    def test_reject_counts_only_the_same_bytes_on_a_record_still_rejected(
+            self, store: EventStore, now: datetime) -> None:
+        def refused(data: bytes) -> dict[str, Any]:
+            return documents.refused_fields(Delivery(data=data, attributes={}), None)
+
+        error = {"type": "InvalidEvent", "message": "not JSON", "classification": "invalid"}
+        key = f"invalid:{uuid.uuid4().hex}"
+        assert store.reject(key, refused(b"{bad"), now, error)
+        before = store.get(key)
+        # Other bytes under the key (never so by rejected_key's hash): unchanged, uncounted.
+        assert store.reject(key, refused(b"{other"), now, error) is False
+        assert_unchanged(store, key, before)
+        # A record that is no rejection (a claimed event) is never changed by a rejection.
+        claimed = new_key()
+        store.claim(claimed, {**FIELDS, "payload_sha256": "a" * 64}, now)
+        taken = store.get(claimed)
+        assert store.reject(claimed, {**FIELDS, "payload_sha256": "a" * 64}, now, error) is False
+        assert_unchanged(store, claimed, taken)
+        # Without a payload hash there is nothing to recognise: inserted once, never counted.
+        bare = new_key()
+        assert store.reject(bare, FIELDS, now, ERROR)
+        first = store.get(bare)
+        assert first is not None and first["delivery_count"] == 1
+        assert store.reject(bare, FIELDS, now, ERROR) is False
+        assert_unchanged(store, bare, first)
 
     def test_reject_without_a_raw_payload_stores_none(self, store: EventStore,
                                                       now: datetime) -> None:

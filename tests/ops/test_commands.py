@@ -290,6 +290,12 @@ def test_replay_with_corrected_data_for_an_invalid_payload(bus: Bus, tmp_path: P
     assert bus.store.get_many([k for k in [result["new_key"]] if k != bad.key]) == []
     code, _, err = bus.run("replay", bad.key, "--data", str(path))
     assert code == 2 and "SUCCESS" in err and len(err.strip().splitlines()) == 1
+    # The refused bytes published again land on the corrected record: the payload it was
+    # corrected for, so a duplicate, neither a conflict nor a new refused record.
+    again = bus.deliver(raw=b'{"event_type": "OR_MGMT", "entity_metadata": 5}')
+    assert (again.outcome.value, again.key) == ("duplicate", bad.key)
+    assert not [doc for doc in bus.store.summaries()
+                if doc["idempotency_key"].startswith("conflict:")]
 
 
 def test_a_corrected_unknown_type_runs_under_its_own_key(bus: Bus, tmp_path: Path) -> None:

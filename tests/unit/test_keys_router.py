@@ -10,6 +10,7 @@ from eventbus.model.errors import (
 )
 from eventbus.model.event import EntityMetadata, Event
 from eventbus.model.keys import (
+    KEYED_ATTRIBUTES,
     child_key,
     conflict_key,
     digest,
@@ -62,11 +63,27 @@ def test_child_keys_are_deterministic_and_distinct() -> None:
 
 
 def test_rejected_and_conflict_keys_accept_any_text() -> None:
-    assert rejected_key(b"x", "1") == rejected_key(b"x", "1")
-    assert rejected_key(b"x", "1") != rejected_key(b"x", "2")
-    assert rejected_key(b"x", "\ud800").startswith("invalid:")
+    assert rejected_key(b"x", {"event_type": "\ud800"}).startswith("invalid:")
+    assert rejected_key(b"\xff\x00", {"\udfff": "\ud800"}).startswith("invalid:")
     assert conflict_key("\ud800", "f").startswith("conflict:")
     assert digest("\udfff") == digest("\udfff")
+
+
+def test_a_rejected_key_is_of_the_bytes_and_the_attributes_read_not_the_message() -> None:
+    # The same bytes are one refused record however often they come: no message id.
+    assert rejected_key(b"x", {}) == rejected_key(b"x") == rejected_key(b"x", None)
+    assert rejected_key(b"x", {}) != rejected_key(b"y", {})
+    # An attribute nobody reads (the trace context each publish carries) changes nothing.
+    traced = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "tracestate": "a=b"}
+    assert rejected_key(b"x", traced) == rejected_key(b"x", {})
+    # The attributes the bytes are read with do: each read is its own refusal.
+    keys = {rejected_key(b"x", {name: "v"}) for name in KEYED_ATTRIBUTES}
+    assert len(keys | {rejected_key(b"x", {})}) == len(KEYED_ATTRIBUTES) + 1
+    assert rejected_key(b"x", {"event_type": "A"}) != rejected_key(b"x", {"event_type": "B"})
+    # Data that was not even base64 is not the same bytes delivered decodable.
+    assert rejected_key(b"x", undecodable=True) != rejected_key(b"x")
+    # No attribute value and data can be read as another split of the same text.
+    assert rejected_key(b'"]x', {"event_type": "a"}) != rejected_key(b"x", {"event_type": 'a"]'})
 
 
 def test_fingerprints_are_equal_for_equal_payloads_only() -> None:

@@ -66,6 +66,29 @@ def problem(document: Mapping[str, Any], text: str | None = None) -> str | None:
     return None
 
 
+def stored_size(document: Mapping[str, Any]) -> int:
+    """Return the estimated BSON size of ``document``, as ``problem`` counts it for ``MAX_BYTES``.
+
+    ``problem`` stops counting at the first thing a store refuses, or once
+    past the cap; this counts everything, so a refusal can say how large the
+    document is (a publisher's ``EventTooLarge``). What ``problem`` would
+    refuse for another reason is counted as it stands (an integer past 64 bits
+    as a number, a key that is not text by its ``str``). Iterative, as ``problem``.
+    """
+    size = 0
+    stack: list[Any] = [document]
+    while stack:
+        value = stack.pop()
+        size += _weight(value)
+        if isinstance(value, Mapping):
+            size += sum(len(key if isinstance(key, str) else str(key)) + 1 for key in value)
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            size += len(value) * 7
+            stack.extend(value)
+    return size
+
+
 def surely_storable(text: str) -> bool:
     """Return True when the JSON ``text`` of a document surely holds nothing a store refuses.
 
@@ -95,6 +118,15 @@ def _scalar(value: Any) -> tuple[str, int]:
     if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
         return "an integer does not fit in 64 bits", 0
     return "", _ELEMENT_OVERHEAD + _SCALAR_BYTES
+
+
+def _weight(value: Any) -> int:
+    """The estimated bytes of one value, not counting what it contains: ``_scalar``'s weights."""
+    if isinstance(value, str):
+        return _ELEMENT_OVERHEAD + 5 + len(value)
+    if isinstance(value, bool) or value is None:
+        return _ELEMENT_OVERHEAD + 1
+    return _ELEMENT_OVERHEAD + _SCALAR_BYTES
 
 
 def _children(value: Any) -> tuple[list[Any] | str, int]:

@@ -127,6 +127,22 @@ class ContentProblem(InvalidEvent):
     """Raised when a payload holds what no store keeps (too deep, too large, bad text)."""
 
 
+class EventTooLarge(ContentProblem, PublishError):
+    """Raised by a publisher, before sending, for an event larger than the service stores.
+
+    ``size`` is the event's size as the receiver counts it, ``limit`` the most
+    it takes: once stored (``eventbus.model.content.MAX_BYTES``, with the
+    message's Pub/Sub metadata) or on Pub/Sub (``PUBSUB_MAX_DATA_BYTES``).
+    Nothing was sent. It is a ``PublishError``, for callers that catch what
+    publishing raises, and an ``InvalidEvent`` (permanent): sending the same
+    event again fails the same way, so it is never retried.
+    """
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.limit = size, limit
+
+
 class ForgedLink(InvalidEvent):
     """Raised when a message claims to be a child that no SUCCESS parent's outbox lists."""
 

@@ -13,7 +13,10 @@ be produced from another's inputs:
 2. ``<parent key>/<index>:<child type>`` for a child a handler emitted
    (``c:<hash>`` when that would be too long), accepted only when the parent's
    outbox lists it (``eventbus.processor`` checks).
-3. ``invalid:<hash>`` for a payload that is not a valid event, once per message.
+3. ``invalid:<hash>`` for a payload that is not a valid event, once per payload:
+   the hash covers its bytes and the attributes the receiver reads
+   (``KEYED_ATTRIBUTES``), not the message id, so a redelivery or the same
+   bytes published again find the record the first delivery made.
 4. ``conflict:<hash>`` for a different payload that came under a taken key.
 
 ``fingerprint(event)`` identifies a payload: a different payload under a taken
@@ -40,6 +43,13 @@ REPLAY_OF = "replay_of"
 
 Trusted only when that record's replay audit lists the message's payload
 (``Intake``), as a cascade link is trusted only when its parent lists the child."""
+KEYED_ATTRIBUTES = ("event_type", "event_version", "idempotency_key", "parent_key", "root_key",
+                    REPLAY_OF)
+"""The attributes the receiver reads a payload with; with its bytes, they key a refused one.
+
+Any other attribute (the trace context each publish carries, a client's
+own) changes nothing in how the bytes are read, so it is left out of
+``rejected_key``: the same bytes published again are the same refusal."""
 PUBLISHER_PREFIX = "p:"
 INVALID_PREFIX = "invalid:"
 CONFLICT_PREFIX = "conflict:"
@@ -99,9 +109,22 @@ def partner_scope(partner_id: str) -> str:
     return quote(any_text_bytes(partner_id), safe="")
 
 
-def rejected_key(data: bytes, message_id: str) -> str:
-    """Return the key under which an invalid payload is stored once per message."""
-    return f"{INVALID_PREFIX}{digest(any_text_bytes(message_id) + b'|' + data)}"
+def rejected_key(data: bytes, attributes: Mapping[str, str] | None = None, *,
+                 undecodable: bool = False) -> str:
+    """Return the key under which an invalid payload is stored, once per payload.
+
+    The same ``data`` with the same ``KEYED_ATTRIBUTES`` has the same key,
+    whatever its message id: a redelivery, or the same bytes published
+    again, is one record, which counts its deliveries (``delivery_count``).
+    Different bytes, or the same bytes read differently (another
+    ``event_type`` attribute, a cascade link, data that was not even valid
+    base64: ``undecodable``), have another key. Any text, lone surrogates included.
+    """
+    given = attributes or {}
+    read = {name: given[name] for name in KEYED_ATTRIBUTES if name in given}
+    # The head's length first: no head and data can be read as another's.
+    head = any_text_bytes(canonical_json([read, undecodable]))
+    return f"{INVALID_PREFIX}{digest(b'%d:' % len(head) + head + data)}"
 
 
 def conflict_key(key: str, payload_fingerprint: str) -> str:

@@ -27,7 +27,9 @@ The commands of the bus itself:
 
 * ``publish FILE|-``: publish events from a JSON file or stdin (one event or a
   list). Each published event prints ``#N TYPE KEY`` on stdout; each event
-  that is not published prints one line on stderr and the rest go on.
+  that is not published prints one line on stderr and the rest go on (one
+  larger than the service stores is refused before sending, the line naming
+  its size and the limit).
   Exit 0 when all were published, 1 when some were not, 2 when the input
   cannot be read at all (unreadable file, not JSON, not event objects).
 * ``status``: print the table of stored events by type and status.

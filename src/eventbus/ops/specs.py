@@ -5,7 +5,13 @@ JSON file holding one spec or a list of them. A spec is ``{"event_type",
 "entity": {partnerId, entity_id, entity_type, partnerName?}, "data"?,
 "event_version"?, "event_direction"?, "idempotency_key"?, "ordering_key"?}``;
 ``{"raw": "..."}`` publishes a string as it is (to show how invalid payloads
-are stored).
+are stored; the same raw string published again lands on the same record,
+which counts its deliveries).
+
+An event the service would refuse for its content is not published: one
+larger than the service stores prints its size and the limit
+(``EventTooLarge``, from ``eventbus.pubsub.message.build_message``) and
+counts as not published (exit 1), not as a Pub/Sub failure.
 
 * ``load_specs``: read the specs of a file (or stdin); ``InputError`` when
   they cannot be read at all;
@@ -68,10 +74,11 @@ def publish_spec(publisher: MessagePublisher, spec: Mapping[str, Any]) -> str:
     """Publish one spec; return the idempotency key it will be stored under."""
     if "raw" in spec:
         data = str(spec["raw"]).encode()
-        return rejected_key(data, publisher.publish_message(data, {}))
+        publisher.publish_message(data, {})
+        return rejected_key(data, {})
     event = spec_event(spec)
     given, ordering = _optional_text(spec, "idempotency_key"), _optional_text(spec, "ordering_key")
-    data, attributes = build_message(event, key=given)
+    data, attributes = build_message(event, key=given, ordering_key=ordering)
     publisher.publish_message(data, attributes, ordering_key=ordering)
     return record_key(event, attributes)
 
@@ -96,7 +103,10 @@ def publish_all(publisher: MessagePublisher, specs: Sequence[Mapping[str, Any]],
             print(f"  #{number}: {spec.get('event_type', 'raw')} {keys[-1]}", file=out)
         except EventBusError as exc:
             print(f"eventbus: event #{number} not published: {exc}", file=err)
-            in_a_row = in_a_row + 1 if isinstance(exc, PublishError) else 0
+            # An event refused before sending (EventTooLarge is a PublishError too) says
+            # nothing about Pub/Sub.
+            down = isinstance(exc, PublishError) and not isinstance(exc, InvalidEvent)
+            in_a_row = in_a_row + 1 if down else 0
             if in_a_row >= MAX_FAILURES_IN_A_ROW:
                 print(f"eventbus: {in_a_row} publish failures in a row; "
                       f"events #{number + 1}-#{len(specs)} not tried", file=err)

@@ -11,7 +11,9 @@ which key it is stored FAILED instead. The rules (``eventbus.model.keys``):
   payload; its root is the parent's, whatever the attributes say;
 * an internal route runs only for such a child;
 * a message whose content no store keeps is stored under ``invalid:<hash>``
-  in a bounded form, as is a payload that is not an event, or a forged child.
+  in a bounded form, as is a payload that is not an event, or a forged child;
+  the hash is of its bytes and the attributes read with them
+  (``rejected_key``), so the same bytes again are the same record.
 """
 
 from __future__ import annotations
@@ -230,8 +232,11 @@ def _listed(parent: Mapping[str, Any] | None, key: str,
 def _refused(delivery: Delivery, event: Event | None, error: InvalidEvent,
              key: str = "", fingerprint: str = "") -> Located:
     # Without a key of its own, a message is stored under one derived from
-    # its raw bytes: a redelivery finds it, and nothing it holds is trusted.
-    key = key or rejected_key(delivery.data, delivery.message_id)
+    # its raw bytes and the attributes they are read with, not its message id:
+    # a redelivery or a republish of the same bytes finds it (and counts one
+    # more delivery), and nothing it holds is trusted.
+    key = key or rejected_key(delivery.data, delivery.attributes,
+                              undecodable=delivery.decode_error is not None)
     fields = documents.refused_fields(delivery, event)
     if fingerprint:
         fields["payload_fingerprint"] = fingerprint

@@ -2,7 +2,9 @@
 
 * a message that can never run (``Located.error``) or whose content the store
   refuses is stored FAILED for good in its bounded form (``store.reject``),
-  REJECTED; the same message again is a duplicate of that record;
+  REJECTED; the same bytes again (a redelivery, or a republish: its key is
+  of the bytes, ``keys.rejected_key``) are a DUPLICATE of that record, which
+  counts the delivery (``delivery_count``);
 * a different payload under a taken key is recorded under its own
   ``conflict_key`` and answered CONFLICT (acked), never run;
 * a record SUCCESS or FAILED for good is a DUPLICATE, one PROCESSING under a
@@ -107,7 +109,7 @@ def _other_payload(record: Mapping[str, Any] | None, located: Located) -> bool:
     stored = record.get("payload_fingerprint") or record.get("payload_sha256")
     # A refusal a corrected payload replaced is this key's payload too: its
     # redelivery is a duplicate, not a conflict.
-    earlier = {entry.get("payload_fingerprint") for entry in record.get("rejections") or ()
-               if isinstance(entry, Mapping)}
+    earlier = {entry.get("payload_fingerprint") or entry.get("payload_sha256")
+               for entry in record.get("rejections") or () if isinstance(entry, Mapping)}
     return stored is not None and stored != located.fingerprint and \
         located.fingerprint not in earlier

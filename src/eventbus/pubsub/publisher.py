@@ -11,7 +11,9 @@ talks to the emulator. Needs only google-cloud-pubsub: no Flask, no pymongo, no
 pydantic (``publish()`` reads its two variables itself; ``Settings`` is only a type here).
 
 ``publish()`` builds a publisher for the call; a service that publishes
-often keeps one ``Publisher`` and calls its ``publish`` method.
+often keeps one ``Publisher`` and calls its ``publish`` method. Both refuse,
+before sending, an event the service would store FAILED for its size
+(``EventTooLarge``, a ``PublishError``) or its content (``InvalidEvent``).
 """
 
 from __future__ import annotations
@@ -71,11 +73,13 @@ class Publisher:
                       timeout: float | None = None) -> str:
         """Publish an already validated event; return its message id.
 
-        Waits at most ``timeout`` seconds (default ``self.timeout``). A timed-out
-        message may still be sent later by the client: callers retry, and the
-        receiver deduplicates on the idempotency key.
+        Raise ``EventTooLarge`` (nothing sent) for an event larger than the
+        service stores, ``InvalidEvent`` for other content it would refuse
+        (``build_message``). Waits at most ``timeout`` seconds (default
+        ``self.timeout``). A timed-out message may still be sent later by the
+        client: callers retry, and the receiver deduplicates on the idempotency key.
         """
-        data, attrs = build_message(event, key=key, extra=attributes)
+        data, attrs = build_message(event, key=key, extra=attributes, ordering_key=ordering_key)
         return self.publish_message(data, attrs, ordering_key=ordering_key, timeout=timeout)
 
     def publish_message(self, data: bytes, attributes: Mapping[str, str] | None = None, *,
@@ -150,9 +154,14 @@ def publish(event_type: str, data: Mapping[str, Any], *, entity: Entity,
     ``PUBSUB_TOPIC`` (``eventbus.settings_base.publish_target``), read directly.
 
     Raise ``InvalidEvent`` (nothing sent) for an event the receiver would
-    reject, ``PublishError`` when Pub/Sub did not take it: retry with the same
-    ``idempotency_key`` and the receiver processes it once. Builds a client
-    for the call (no process-wide publisher); keep a ``Publisher`` to send many.
+    reject; ``EventTooLarge`` (nothing sent; both an ``InvalidEvent`` and a
+    ``PublishError``, its message names the size and the limit) for one
+    larger than the service stores (``eventbus.model.content.MAX_BYTES``
+    once stored, counted as the service counts it) or than Pub/Sub takes:
+    never retry those. ``PublishError`` otherwise when Pub/Sub did not take
+    it: retry with the same ``idempotency_key`` and the receiver processes it
+    once. Builds a client for the call (no process-wide publisher); keep a
+    ``Publisher`` to send many.
     """
     # GOOGLE_CLOUD_PROJECT and PUBSUB_TOPIC, read directly: a publisher-only install has
     # no pydantic, so no Settings, and needs no other variable.

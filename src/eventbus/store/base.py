@@ -294,7 +294,14 @@ class ProcessorStore(RenewingStore, GuardStore, Protocol):
 
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
                error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
-        """Store ``key`` FAILED for good unless it exists; True if this call inserted it."""
+        """Store ``key`` FAILED for good unless it exists; True if this call inserted it.
+
+        A new record has ``delivery_count`` 1. When the record of ``key`` is
+        this very refusal again (stored by rejection, never claimed since,
+        the same ``payload_sha256``: ``documents.repeats``), its
+        ``delivery_count`` grows by one and nothing else changes; any other
+        record is never changed.
+        """
         ...
 
     def get(self, key: str) -> Record | None:

@@ -38,7 +38,8 @@ def _keep_rejection(record: Record) -> None:
     refused = {name: copy.deepcopy(record[name]) for name in documents.REJECTION_FIELDS
                if name in record}
     record["rejections"] = [*record.get("rejections", []), refused]
-    for name in (documents.REJECTED, "payload_sha256", "payload_size", "raw_payload"):
+    for name in (documents.REJECTED, "payload_sha256", "payload_size", "raw_payload",
+                 documents.DELIVERY_COUNT):
         record.pop(name, None)
 
 
@@ -229,14 +230,21 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryReplayMixin)
 
     def reject(self, key: str, fields: Mapping[str, Any], now: datetime,
                error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
-        """Store ``key`` FAILED for good unless it exists; True if this call inserted it."""
-        update = documents.reject_update(fields, now, error, created_by=self._created_by,
-                                         retention=self._retention, raw_payload=raw_payload)
+        """Store ``key`` FAILED for good unless it exists; True if this call inserted it.
+
+        The same refusal again (``documents.repeats``) counts one delivery more.
+        """
+        _, update = documents.reject_upsert(key, fields, now, error, created_by=self._created_by,
+                                            retention=self._retention, raw_payload=raw_payload)
         with self._lock:
-            if key in self._events:
-                return False
-            self._events[key] = {"idempotency_key": key, **_bson(update["$setOnInsert"])}
-        return True
+            record = self._events.get(key)
+            if record is None:
+                self._events[key] = {"idempotency_key": key, **_bson(update["$setOnInsert"]),
+                                     **update.get("$inc", {})}
+                return True
+            if documents.repeats(record, fields):
+                record[documents.DELIVERY_COUNT] = record.get(documents.DELIVERY_COUNT, 0) + 1
+        return False
 
     def get(self, key: str) -> Record | None:
         """Return a copy of the record of ``key``, or None."""

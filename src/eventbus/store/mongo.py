@@ -254,16 +254,20 @@ class MongoEventStore(MongoBatchMixin, MongoOperatorMixin, MongoReplayMixin):
                error: Mapping[str, Any], raw_payload: str | None = None) -> bool:
         """Store ``key`` as FAILED for good unless it exists; True if this call inserted it.
 
-        An existing record, whatever its state, is never changed.
+        The same refusal again (the same bytes, ``documents.reject_upsert``)
+        counts one delivery more; any other existing record is never changed.
         """
-        update = documents.reject_update(fields, now, error, created_by=self._created_by,
-                                       retention=self._retention, raw_payload=raw_payload)
+        selector, update = documents.reject_upsert(key, fields, now, error,
+                                                   created_by=self._created_by,
+                                                   retention=self._retention,
+                                                   raw_payload=raw_payload)
         with _unavailable("reject", key):
             try:
-                result = self._collection.update_one(documents.key_filter(key), update,
-                                                      upsert=True)
+                result = self._collection.update_one(selector, update, upsert=True)
             except DuplicateKeyError:
-                return False  # a concurrent upsert of the same key inserted it first
+                # The key has a record the filter does not match (another payload, a
+                # claimed event), or a concurrent upsert inserted it first: unchanged.
+                return False
         return result.upserted_id is not None
 
     def get(self, key: str) -> Record | None:

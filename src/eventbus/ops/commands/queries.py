@@ -254,6 +254,9 @@ def _summary(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
     ]
     if record.get("error"):
         rows.append(("error", _error(record) + f" [{record['error'].get('classification')}]"))
+    count = record.get("delivery_count")
+    if isinstance(count, int) and count > 1:  # a refused payload that came again, the same bytes
+        rows.append(("delivered", f"{count} times, the same bytes each time"))
     if isinstance(record.get("dead_lettered"), Mapping):
         mark = record["dead_lettered"]
         rows.append(("dead-lettered", f"{mark.get('at')} from {mark.get('subscription')} "

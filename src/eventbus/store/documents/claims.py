@@ -21,6 +21,7 @@ from typing import Any
 from eventbus.clock import Shift, store_now
 from eventbus.store.documents.records import (
     AUDIT_FIELDS,
+    DELIVERY_COUNT,
     EPOCH,
     FAILED,
     PENDING,
@@ -38,7 +39,7 @@ _NEW = "__eventbus_new"
 _TAKE = "__eventbus_take"
 _REDO = "__eventbus_redo"
 _IF_NEW, _IF_TAKE, _IF_REDO = f"${_NEW}", f"${_TAKE}", f"${_REDO}"
-_DROPPED_ON_REDO = (REJECTED, "payload_sha256", "payload_size", "raw_payload")
+_DROPPED_ON_REDO = (REJECTED, "payload_sha256", "payload_size", "raw_payload", DELIVERY_COUNT)
 
 
 def is_new(previous: Mapping[str, Any] | None) -> bool:

@@ -43,8 +43,18 @@ PROCESSING) only a rebuild runs it: the redrive leaves it out (``redrive_filter`
 ``--resume`` (or a rebuild given its key) claims it again once its lease lapsed."""
 """Set on a record stored by rejection (``reject_update``): FAILED for good, never claimed."""
 
+DELIVERY_COUNT = "delivery_count"
+"""On a record stored by rejection: how many times these very bytes came (``payload_sha256``).
+
+1 when stored; each later ``reject`` of the same key with the same bytes adds
+one (a redelivery, or the same bytes published again: ``keys.rejected_key``
+keys a refused payload by its bytes, not its message id). Nothing else of
+the record changes. A record stored before counting began has none until
+its next delivery, which makes it 1."""
+
 REJECTION_FIELDS = ("error", "event_type", "event_version", "entity_data", "payload_fingerprint",
-                    "payload_sha256", "payload_size", "raw_payload", "lastUpdatedTime")
+                    "payload_sha256", "payload_size", "raw_payload", DELIVERY_COUNT,
+                    "lastUpdatedTime")
 """What ``rejections`` keeps of a refused attempt when a corrected payload takes its record."""
 
 AUDIT_FIELDS = ("created", "createdBy", "expire_at", "event_day_id")

@@ -15,7 +15,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from eventbus.clock import Shift, lease_end, store_now
+from eventbus.store.documents.claims import is_rejected
 from eventbus.store.documents.records import (
+    DELIVERY_COUNT,
     EPOCH,
     FAILED,
     PENDING,
@@ -312,3 +314,37 @@ def reject_update(fields: Mapping[str, Any], now: datetime, error: Mapping[str, 
     if raw_payload is not None:
         record["raw_payload"] = raw_payload
     return {"$setOnInsert": record}
+
+
+def reject_upsert(key: str, fields: Mapping[str, Any], now: datetime,
+                  error: Mapping[str, Any], *, created_by: str, retention: timedelta,
+                  raw_payload: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the filter and upsert of ``EventStore.reject``: a new record, or one delivery more.
+
+    A key with no record gets ``reject_update``'s record and ``delivery_count``
+    1. The record of ``key`` when it is this very refusal again (``repeats``:
+    stored by rejection, never claimed since, the same ``payload_sha256``)
+    counts one more delivery, and nothing else of it changes. Any other
+    record of ``key`` matches neither: the upsert's insert then fails on the
+    unique key, and the record stays as it is. ``fields`` without a
+    ``payload_sha256`` only ever insert.
+    """
+    update = reject_update(fields, now, error, created_by=created_by, retention=retention,
+                           raw_payload=raw_payload)
+    sha = fields.get("payload_sha256")
+    if not isinstance(sha, str) or not sha:
+        update["$setOnInsert"][DELIVERY_COUNT] = 1
+        return key_filter(key), update
+    # Inserted, the equality fields are the record's own (``reject_update`` sets them the same).
+    selector = {**key_filter(key), REJECTED: True, "event_status": FAILED, "payload_sha256": sha}
+    return selector, {**update, "$inc": {DELIVERY_COUNT: 1}}
+
+
+def repeats(record: Mapping[str, Any] | None, fields: Mapping[str, Any]) -> bool:
+    """Return True when ``reject`` of ``fields`` counts one more delivery on ``record``.
+
+    Mirrors ``reject_upsert``'s filter; change both together.
+    """
+    sha = fields.get("payload_sha256")
+    return isinstance(sha, str) and bool(sha) and is_rejected(record) and \
+        (record or {}).get("payload_sha256") == sha
