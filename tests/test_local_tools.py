@@ -144,7 +144,9 @@ class Emulator:
 
 
 @pytest.fixture
-def emulator(tmp_path: Path) -> Iterator[Emulator]:
+def fake_emulator(tmp_path: Path) -> Iterator[Emulator]:
+    """The script with a stand-in gcloud: no server, so the quick tier runs these (the
+    suite's ``emulator`` fixture, a real one, is a server fixture in tests/tiers.py)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     gcloud = bin_dir / "gcloud"
@@ -170,73 +172,73 @@ def checkouts(tmp_path: Path, *names: str) -> list[Path]:
 
 
 def test_the_emulator_stays_up_for_another_checkout_and_the_last_stop_ends_it(
-    emulator: Emulator, tmp_path: Path
+    fake_emulator: Emulator, tmp_path: Path
 ) -> None:
     first, second = checkouts(tmp_path, "checkout-a", "checkout-b")
-    started = emulator.run("start", owner=first)
+    started = fake_emulator.run("start", owner=first)
     assert started.returncode == 0, started.stderr
-    assert f"emulator started on {emulator.host_port}" in started.stdout
-    again = emulator.run("start", owner=second)
+    assert f"emulator started on {fake_emulator.host_port}" in started.stdout
+    again = fake_emulator.run("start", owner=second)
     assert again.returncode == 0 and "already running" in again.stdout, again.stderr
-    claims = sorted((emulator.state_dir / "claims").glob("*.claim"))
+    claims = sorted((fake_emulator.state_dir / "claims").glob("*.claim"))
     assert sorted(p.read_text().splitlines()[1] for p in claims) == [str(first), str(second)]
 
-    stopped = emulator.run("stop", owner=first)
+    stopped = fake_emulator.run("stop", owner=first)
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.splitlines() == [
         f"released the claim of {first} on the emulator",
-        f"emulator on {emulator.host_port} left running: used by {second}",
+        f"emulator on {fake_emulator.host_port} left running: used by {second}",
     ]
-    assert emulator.up()  # the second checkout keeps its emulator
-    again = emulator.run("stop", owner=first)  # nothing of the first's left to release
-    assert again.stdout == f"emulator on {emulator.host_port} left running: used by {second}\n"
-    assert emulator.up()
+    assert fake_emulator.up()  # the second checkout keeps its emulator
+    again = fake_emulator.run("stop", owner=first)  # nothing of the first's left to release
+    assert again.stdout == f"emulator on {fake_emulator.host_port} left running: used by {second}\n"
+    assert fake_emulator.up()
 
-    last = emulator.run("stop", owner=second)
+    last = fake_emulator.run("stop", owner=second)
     assert last.returncode == 0 and "stopped (process group" in last.stdout, last.stdout
-    assert not emulator.up()
-    assert "nothing to stop" in emulator.run("stop", owner=second).stdout
+    assert not fake_emulator.up()
+    assert "nothing to stop" in fake_emulator.run("stop", owner=second).stdout
 
 
-def test_a_deleted_checkout_holds_no_claim(emulator: Emulator, tmp_path: Path) -> None:
+def test_a_deleted_checkout_holds_no_claim(fake_emulator: Emulator, tmp_path: Path) -> None:
     first, second, third = checkouts(tmp_path, "checkout-a", "checkout-b", "checkout-c")
-    assert emulator.run("start", owner=first).returncode == 0
-    assert emulator.run("start", owner=second).returncode == 0
+    assert fake_emulator.run("start", owner=first).returncode == 0
+    assert fake_emulator.run("start", owner=second).returncode == 0
     second.rmdir()
-    stranger = emulator.run("stop", owner=third)  # it never started it
-    assert stranger.stdout.endswith(f"left running: used by {first}\n") and emulator.up()
-    stopped = emulator.run("stop", owner=first)
+    stranger = fake_emulator.run("stop", owner=third)  # it never started it
+    assert stranger.stdout.endswith(f"left running: used by {first}\n") and fake_emulator.up()
+    stopped = fake_emulator.run("stop", owner=first)
     assert "stopped (process group" in stopped.stdout, stopped.stdout
-    assert not emulator.up()
+    assert not fake_emulator.up()
 
 
-def test_a_checkout_without_a_claim_stops_nothing(emulator: Emulator, tmp_path: Path) -> None:
+def test_a_checkout_without_a_claim_stops_nothing(fake_emulator: Emulator, tmp_path: Path) -> None:
     first, third = checkouts(tmp_path, "checkout-a", "checkout-c")
-    assert emulator.run("start", owner=first).returncode == 0
+    assert fake_emulator.run("start", owner=first).returncode == 0
     first.rmdir()  # its only user is gone, but the third checkout never claimed it
-    stranger = emulator.run("stop", owner=third)
+    stranger = fake_emulator.run("stop", owner=third)
     assert f"left running: {third} holds no claim on it" in stranger.stdout
-    assert "stop --force" in stranger.stdout and emulator.up()
-    forced = emulator.run("stop", "--force", owner=third)
-    assert "stopped (process group" in forced.stdout and not emulator.up()
+    assert "stop --force" in stranger.stdout and fake_emulator.up()
+    forced = fake_emulator.run("stop", "--force", owner=third)
+    assert "stopped (process group" in forced.stdout and not fake_emulator.up()
 
 
 def test_an_emulator_an_older_script_started_is_left_running(
-    emulator: Emulator, tmp_path: Path
+    fake_emulator: Emulator, tmp_path: Path
 ) -> None:
     (mine,) = checkouts(tmp_path, "checkout")
-    assert emulator.run("start", owner=mine).returncode == 0
-    (emulator.state_dir / "claims" / ".managed").unlink()  # as an older script leaves it
-    kept = emulator.run("stop", owner=mine)
-    assert "records no claims (an older checkout?)" in kept.stdout and emulator.up()
-    forced = emulator.run("stop", "--force", owner=mine)
-    assert "stopped (process group" in forced.stdout and not emulator.up()
+    assert fake_emulator.run("start", owner=mine).returncode == 0
+    (fake_emulator.state_dir / "claims" / ".managed").unlink()  # as an older script leaves it
+    kept = fake_emulator.run("stop", owner=mine)
+    assert "records no claims (an older checkout?)" in kept.stdout and fake_emulator.up()
+    forced = fake_emulator.run("stop", "--force", owner=mine)
+    assert "stopped (process group" in forced.stdout and not fake_emulator.up()
 
 
-def test_the_owner_must_be_a_directory(emulator: Emulator, tmp_path: Path) -> None:
-    result = emulator.run("start", owner=tmp_path / "missing")
+def test_the_owner_must_be_a_directory(fake_emulator: Emulator, tmp_path: Path) -> None:
+    result = fake_emulator.run("start", owner=tmp_path / "missing")
     assert result.returncode == 1 and "is not a directory" in result.stderr
-    assert not emulator.up()
+    assert not fake_emulator.up()
 
 
 # --- two checkouts' `make stop` against one database home -------------------------------
@@ -310,26 +312,26 @@ def database_home(mongo_uri: str, tmp_path: Path) -> Path:
 
 
 def test_two_checkouts_make_stop_leaves_the_other_its_servers(
-    database_home: Path, emulator: Emulator, tmp_path: Path
+    database_home: Path, fake_emulator: Emulator, tmp_path: Path
 ) -> None:
     db_port = free_port()
     uri = f"mongodb://127.0.0.1:{db_port}/"
-    env = {**emulator.env, "LOCALDB_HOME": str(database_home), "LOCALDB_PORT": str(db_port)}
+    env = {**fake_emulator.env, "LOCALDB_HOME": str(database_home), "LOCALDB_PORT": str(db_port)}
     env.pop("PYTHON")  # each checkout's own .venv/bin/python, as in make run
     first, second = (fake_checkout(tmp_path / name) for name in ("checkout-a", "checkout-b"))
     services = []
     try:
         services = [start_like_make_run(checkout, env) for checkout in (first, second)]
-        assert db_answers(uri) and emulator.up()
+        assert db_answers(uri) and fake_emulator.up()
 
         stopped = run(["bash", "infra/stop-local.sh"], env, cwd=first)
         assert stopped.returncode == 0, stopped.stderr
         out = stopped.stdout + stopped.stderr
         assert f"service stopped (pid {services[0].pid})" in out
-        assert f"emulator on {emulator.host_port} left running: used by {second}" in out
+        assert f"emulator on {fake_emulator.host_port} left running: used by {second}" in out
         assert f"localdb: left running at {uri}: used by {second}" in out
         assert gone(services[0]) and services[1].poll() is None  # its own service only
-        assert db_answers(uri) and emulator.up()  # the second checkout keeps working
+        assert db_answers(uri) and fake_emulator.up()  # the second checkout keeps working
 
         last = run(["bash", "infra/stop-local.sh"], env, cwd=second)
         assert last.returncode == 0, last.stderr
@@ -337,7 +339,7 @@ def test_two_checkouts_make_stop_leaves_the_other_its_servers(
         assert f"service stopped (pid {services[1].pid})" in out
         assert "stopped (process group" in out and "localdb: stopped gateway" in out
         assert gone(services[1])
-        assert not emulator.up() and not db_answers(uri)
+        assert not fake_emulator.up() and not db_answers(uri)
     finally:
         for service in services:
             if service.poll() is None:
