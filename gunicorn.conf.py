@@ -2,7 +2,9 @@
 
 import os
 
-# Cloud Run tells the container which port to listen on.
+# Cloud Run tells the container which port to listen on; a container listens on every
+# interface (HOST's default). `make run` passes --bind 127.0.0.1:$PORT (infra/run-local.sh:
+# push auth is off locally, so the local service is not opened to the network).
 bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8080')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("GUNICORN_THREADS", "4"))

@@ -5,7 +5,9 @@
 #
 #   ./pubsub-emulator.sh start    start the emulator (a no-op when it runs) and
 #                                 create/update the resources; prints a table
-#   ./pubsub-emulator.sh stop     stop the emulator this script started
+#   ./pubsub-emulator.sh stop     release this checkout's use of the emulator; stop it if
+#                                 this script started it and no other checkout uses it
+#   ./pubsub-emulator.sh stop --force  stop the emulator this script started, whoever uses it
 #   ./pubsub-emulator.sh status   up/down, address, log, topics/subscriptions;
 #                                 exit 0 when up, 3 when down
 #
@@ -13,7 +15,12 @@
 #   PUBSUB_EMULATOR_HOST         host:port to listen on [127.0.0.1:8085]
 #   GOOGLE_CLOUD_PROJECT         project [local-project]
 #   PUBSUB_EMULATOR_HOME         state directory [${XDG_CACHE_HOME:-~/.cache}/partner-eventbus/pubsub];
-#                                per port: <home>/<port>/emulator.log, emulator.pid, data/
+#                                per port: <home>/<port>/emulator.log, emulator.pid, data/,
+#                                claims/ (who uses it)
+#   PUBSUB_EMULATOR_OWNER        the directory using the emulator: `start` records it as a
+#                                user (a claim, held while the directory exists, until
+#                                the next reboot), `stop` releases it [this script's
+#                                directory, i.e. the checkout]
 #   PUBSUB_EMULATOR_START_TIMEOUT  seconds to wait for readiness [60]
 #   PUBSUB_CREATE_RESOURCES      0 = start the bare emulator, create nothing [1]
 #   PUBSUB_TOPIC                 event-bus topic [partner-events]
@@ -36,9 +43,13 @@
 # Re-running `start` with another PUSH_ENDPOINT or policy updates the existing
 # push and pull subscriptions in place. The emulator keeps everything in memory: after a
 # stop, the next start creates the resources again.
+#
+# The state directory is shared by every checkout on the machine (it is under the user's
+# cache), so one emulator per port serves them all: `stop` from one checkout leaves it
+# running while another checkout's claim is live, and says whose.
 set -euo pipefail
 
-SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 HOST_PORT=${PUBSUB_EMULATOR_HOST:-127.0.0.1:8085}
 PORT=${HOST_PORT##*:}
 PROJECT=${GOOGLE_CLOUD_PROJECT:-local-project}
@@ -46,6 +57,11 @@ EMULATOR_HOME=${PUBSUB_EMULATOR_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/partner-ev
 STATE_DIR=$EMULATOR_HOME/$PORT
 LOG=$STATE_DIR/emulator.log
 PID_FILE=$STATE_DIR/emulator.pid
+OWNER=${PUBSUB_EMULATOR_OWNER:-$SCRIPT_DIR}
+CLAIMS_DIR=$STATE_DIR/claims
+# A copy of the pid file of the emulator a claims-keeping start launched; an emulator whose
+# pid file differs was launched by an older pubsub-emulator.sh, whose users are unknown.
+MANAGED=$CLAIMS_DIR/.managed
 START_TIMEOUT=${PUBSUB_EMULATOR_START_TIMEOUT:-60}
 PYTHON=${PYTHON:-.venv/bin/python}
 GCLOUD=${GCLOUD:-gcloud}
@@ -97,6 +113,44 @@ group_alive() {
   [ -n "$TICKS" ] && [ "$(start_ticks "$PGID" || true)" = "$TICKS" ] && return 0
   pgrep -g "$PGID" -f "pubsub.*[=:]$PORT( |\$)" >/dev/null 2>&1
 }
+
+# --- who uses the emulator: one claim file per owner directory in $CLAIMS_DIR ---
+
+boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || true; }
+
+claim_file() { printf '%s/%s.claim' "$CLAIMS_DIR" "$(printf '%s' "$1" | sha256sum | cut -c1-16)"; }
+
+add_claim() {
+  mkdir -p "$CLAIMS_DIR"
+  printf '%s\n%s\n' "$(boot_id)" "$OWNER" >"$(claim_file "$OWNER")"
+}
+
+# True when OWNER's claim was recorded; removes it.
+release_claim() {
+  local file
+  file=$(claim_file "$OWNER")
+  [ -f "$file" ] || return 1
+  rm -f "$file"
+}
+
+# The owners of the live claims (same boot, directory still there), one a line; the
+# released ones are deleted, unless $1 is "keep" (status, which holds no lock).
+live_claims() {
+  local file boot owner now keep=${1:-}
+  now=$(boot_id)
+  for file in "$CLAIMS_DIR"/*.claim; do
+    [ -f "$file" ] || continue
+    boot="" owner=""
+    { read -r boot; read -r owner; } <"$file" || true
+    if [ "$boot" = "$now" ] && [ -n "$owner" ] && [ -d "$owner" ]; then
+      printf '%s\n' "$owner"
+    elif [ "$keep" != keep ]; then
+      rm -f "$file"
+    fi
+  done
+}
+
+joined() { paste -sd, - | sed 's/,/, /g'; }
 
 last_log_line() {
   local line
@@ -180,6 +234,7 @@ require() {
 cmd_start() {
   require
   py check || exit 2
+  [ -d "$OWNER" ] || fail "PUBSUB_EMULATOR_OWNER=$OWNER is not a directory; name the checkout that uses the emulator"
   lock
   local rc=0
   if read_pid_file && group_alive; then
@@ -195,33 +250,58 @@ cmd_start() {
         launch
         read_pid_file || fail "the emulator did not start; log: $LOG"
         wait_ready
+        mkdir -p "$CLAIMS_DIR"
+        cp "$PID_FILE" "$MANAGED"
         say "emulator started on $HOST_PORT (process group $PGID; log: $LOG)"
         ;;
     esac
   fi
+  add_claim
   if [ "${PUBSUB_CREATE_RESOURCES:-1}" != 0 ]; then
     py ensure || fail "could not create the resources on $HOST_PORT (see above); log: $LOG"
   fi
 }
 
 cmd_stop() {
+  local force=$1 held=0 others
   lock
+  release_claim && held=1
+  others=$(live_claims | joined)
   if ! read_pid_file; then
     say "no emulator started by this script on $HOST_PORT (no $PID_FILE); nothing to stop"
     return 0
   fi
   if ! group_alive; then
-    rm -f "$PID_FILE"
+    rm -f "$PID_FILE" "$MANAGED"
     say "emulator on $HOST_PORT was not running; removed the stale $PID_FILE"
     return 0
   fi
+  if [ -z "$force" ]; then
+    if [ -n "$others" ]; then
+      [ "$held" = 1 ] && say "released the claim of $OWNER on the emulator"
+      say "emulator on $HOST_PORT left running: used by $others"
+      return 0
+    fi
+    if [ "$held" = 0 ]; then
+      say "emulator on $HOST_PORT left running: $OWNER holds no claim on it (its users' claims" \
+        "are released); \`./pubsub-emulator.sh stop --force\` stops it"
+      return 0
+    fi
+    if ! cmp -s "$PID_FILE" "$MANAGED"; then
+      say "emulator on $HOST_PORT left running: started by a pubsub-emulator.sh that records no" \
+        "claims (an older checkout?), so it may still be in use; \`./pubsub-emulator.sh stop" \
+        "--force\` stops it"
+      return 0
+    fi
+  fi
   terminate || fail "process group $PGID survived SIGKILL; see: pgrep -a -g $PGID"
-  rm -f "$PID_FILE"
+  rm -f "$PID_FILE" "$MANAGED" "$CLAIMS_DIR"/*.claim
   say "emulator on $HOST_PORT stopped (process group $PGID)"
+  if [ -n "$others" ]; then say "--force: stopped although used by $others"; fi
 }
 
 cmd_status() {
-  local owner="not started by this script" rc=0
+  local owner="not started by this script" rc=0 users
   if read_pid_file && group_alive; then
     owner="process group $PGID, started by this script"
   fi
@@ -235,12 +315,19 @@ cmd_status() {
   say "pubsub emulator: up"
   say "address: $HOST_PORT (project $PROJECT; $owner)"
   say "log: $LOG"
+  users=$(live_claims keep | joined)
+  say "used by: ${users:-no claim}"
   py list
 }
 
 case "${1:-}" in
   start) cmd_start ;;
-  stop) cmd_stop ;;
+  stop)
+    case "${2:-}" in
+      "" | --force) cmd_stop "${2:-}" ;;
+      *) fail "usage: ./pubsub-emulator.sh stop [--force]" ;;
+    esac
+    ;;
   status) cmd_status ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2

@@ -25,15 +25,19 @@ cleanup() {
     wait "$db_job" 2>/dev/null || true
   fi
   if [ -n "$side" ]; then kill -- "-$side" 2>/dev/null || true; wait "$side" 2>/dev/null || true; fi
-  if [ -n "$started_db" ]; then $PY -m localdb stop || true; fi
+  # Releases this run's claim; the database stops only if no other checkout or test run
+  # uses it (localdb's claims), and only if this run started it.
+  if [ -n "$started_db" ]; then $PY -m localdb stop --pid $$ || true; fi
 }
 trap cleanup EXIT
 # The local database starts in the background while the sources are compiled: on a fresh
-# machine its first start provisions it (minutes, mostly downloads).
+# machine its first start provisions it (minutes, mostly downloads). It is shared by every
+# checkout on the machine: this run claims it for as long as this shell runs (--pid $$),
+# so another checkout's `make stop` leaves it running meanwhile.
 if [ -z "${MONGODB_URI:-}" ]; then
   if ! $PY -m localdb status >/dev/null 2>&1; then started_db=1; fi
   phase "localdb: starting (log: $db_log)"
-  $PY -m localdb start >/dev/null 2>"$db_log" &
+  $PY -m localdb start --pid $$ >/dev/null 2>"$db_log" &
   db_job=$!
 fi
 

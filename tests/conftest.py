@@ -1,7 +1,8 @@
 """Shared fixtures: a real MongoDB-compatible server for every storage test.
 
 The server is ``MONGODB_URI`` when set; otherwise the local server that
-``python -m localdb start`` provides (started here if needed). Under
+``python -m localdb start`` provides (started here if needed, and claimed for this
+process while it runs, so another checkout's ``make stop`` leaves it running). Under
 ``CI=true`` a missing server fails the tests that need it; it never skips them.
 """
 

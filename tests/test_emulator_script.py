@@ -290,6 +290,8 @@ def test_status_reports_up_address_log_and_resources(started: Started) -> None:
     assert "pubsub emulator: up" in result.stdout
     assert started.script.host_port in result.stdout
     assert str(started.script.log_path) in result.stdout
+    # Its user: the checkout whose script started it (PUBSUB_EMULATOR_OWNER's default).
+    assert f"used by: {PROJECT_ROOT}\n" in result.stdout
     for name in DEFAULT_NAMES:
         assert name in result.stdout
 

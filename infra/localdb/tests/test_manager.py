@@ -459,8 +459,49 @@ def test_cli_start_twice_status_uri_stop(documentdb_config: Config, tmp_path: Pa
     assert down.returncode == cli.EXIT_DOWN and "state: down" in down.stdout
 
 
-def run_cli(env: dict[str, str], command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "localdb", command], env=env,
-                          cwd=TOOL_ROOT, capture_output=True, text=True, timeout=600,
+def test_two_checkouts_share_one_server_until_the_last_stops(
+    documentdb_config: Config, tmp_path: Path
+) -> None:
+    """`make run` in two checkouts, then `make stop` in each: the CLI calls they make."""
+    start_or_fail(documentdb_config)  # provisions the shared chroot if needed
+    home = tmp_path / "shared-home"  # the one LOCALDB_HOME both checkouts use
+    home.mkdir()
+    (home / "documentdb-sid").symlink_to(documentdb_config.chroot)
+    env = subprocess_env({**os.environ, "LOCALDB_HOME": str(home), "LOCALDB_PORT": str(free_port()),
+                          "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    env.pop("MONGODB_URI", None)
+    uri = f"mongodb://127.0.0.1:{env['LOCALDB_PORT']}/"
+    first, second = tmp_path / "checkout-a", tmp_path / "checkout-b"
+    first.mkdir()
+    second.mkdir()
+    try:
+        for checkout in (first, second):
+            started = run_cli(env, "start", cwd=checkout)
+            assert (started.returncode, started.stdout) == (0, uri + "\n"), started.stderr
+            assert f"in use by {checkout}" in started.stderr
+        gateway = state.load(home / "run")
+        assert gateway is not None and (comp := gateway.component("gateway")) is not None
+        assert comp.owned
+
+        stopped = run_cli(env, "stop", cwd=first)
+        assert stopped.returncode == 0
+        assert f"left running at {uri}: used by {second}" in stopped.stderr
+        assert mongo_ping(uri) is None and comp.running()  # the second keeps working
+        up = run_cli(env, "status", cwd=first)
+        assert f"used by: {second} (since " in up.stdout and str(first) not in up.stdout
+
+        last = run_cli(env, "stop", "--dir", str(second))  # from anywhere, naming it
+        assert last.returncode == 0 and f"stopped gateway (pid {comp.pid})" in last.stderr
+        assert not comp.running() and mongo_ping(uri, timeout=0.5) is not None
+    finally:
+        run_cli(env, "stop", "--force")
+    assert run_cli(env, "status").returncode == cli.EXIT_DOWN
+
+
+def run_cli(
+    env: dict[str, str], *args: str, cwd: Path = TOOL_ROOT
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localdb", *args], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=600,
                           check=False)
 

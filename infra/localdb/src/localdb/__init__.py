@@ -8,8 +8,10 @@ DocumentDB (PostgreSQL + the `postgresql-18-documentdb` extension) in a Debian
 sid chroot behind the wire-protocol gateway in `localdb.gateway`.
 
 `ensure_started()` returns a URI that answers (MONGODB_URI, a throwaway
-`mongod`, or DocumentDB behind the gateway); `stop()` stops only what it
-started. CLI: `python -m localdb start|stop|status|uri` (or `localdb ...`).
+`mongod`, or DocumentDB behind the gateway) and records its caller as a user
+(`localdb.claims`); `stop()` releases that claim and stops only what `start`
+started, once no other clone or test run uses it. CLI: `python -m localdb
+start|stop|status|uri` (or `localdb ...`).
 
 Imports: the standard library, pymongo (with its bson) and psycopg only.
 Never `eventbus` or anything else of the application: the app's tests and

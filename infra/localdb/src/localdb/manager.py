@@ -1,7 +1,9 @@
 """start / stop / status / uri of the local MongoDB-compatible server.
 
-Library use (tests/conftest.py): `ensure_started()` returns the URI, `stop()`
-stops what `ensure_started` started. The CLI in `__main__` wraps these.
+Library use (tests/conftest.py): `ensure_started()` returns the URI and records
+the caller's claim (`localdb.claims`: by default the calling process); `stop()`
+releases that claim and stops what `ensure_started` started once no other live
+claim remains. The CLI in `__main__` wraps these.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from localdb import chroot, documentdb, mongod, postgres, provision, state, stats
+from localdb import chroot, claims, documentdb, mongod, postgres, provision, state, stats
+from localdb.claims import Claim
 from localdb.config import Backend, Config, choose_backend
 from localdb.errors import LocalDBError
 from localdb.hooks import Note, Record
@@ -43,18 +46,32 @@ def uri(config: Config | None = None) -> str:
     return config.mongodb_uri or config.local_uri
 
 
-def ensure_started(config: Config | None = None, note: Note = to_stderr) -> str:
-    """Make the server answer and return its URI; a fast no-op when it already does."""
+def ensure_started(
+    config: Config | None = None, note: Note = to_stderr, claim: Claim | None = None
+) -> str:
+    """Make the server answer and return its URI; a fast no-op when it already does.
+
+    Records `claim` (default: this process, held while it runs) as a user of the
+    server, so another user's `stop` leaves it running. MONGODB_URI's server is
+    someone else's: no claim is recorded for it.
+    """
     config = config or Config.from_env()
     backend = choose_backend(config)
     if backend is Backend.EXTERNAL:
         return _check_external(config)
+    claim = claim or claims.for_process()
     with state.locked(config.run_dir, START_LOCK_TIMEOUT):
         previous = _usable_previous(config, backend)
+        claims.prune(config.run_dir)
+        # Before anything starts: a failed start leaves this claim's user a `stop` to run.
+        claims.add(config.run_dir, claim)
         if previous is not None and _healthy(previous, config):
             return previous.uri
         current = _carry_over(backend, config, previous)
-        STARTERS[backend](config, current, _recorder(config, current), note)
+        try:
+            STARTERS[backend](config, current, _recorder(config, current), note)
+        finally:
+            claims.mark_managed(config.run_dir)
         return current.uri
 
 
@@ -114,16 +131,53 @@ def _recorder(config: Config, current: State) -> Record:
     return record
 
 
-def stop(config: Config | None = None) -> list[str]:
-    """Stop what `ensure_started` started (and only that); one message per thing done."""
+def stop(
+    config: Config | None = None, claim: Claim | None = None, force: bool = False
+) -> list[str]:
+    """Release `claim` (default: this process's); stop the server if no one else uses it.
+
+    What `ensure_started` started (and only that) is stopped when `claim` was recorded
+    and no other live claim remains, or with `force` (whoever uses it). One message per
+    thing done or left alone.
+    """
     config = config or Config.from_env()
+    claim = claim or claims.for_process()
     with state.locked(config.run_dir, STOP_LOCK_TIMEOUT):
+        held = claims.remove(config.run_dir, claim)
+        others = claims.prune(config.run_dir)
         saved = state.load(config.run_dir)
         if saved is None:
             return [_nothing_to_stop(config)]
+        if not force:
+            kept = _kept_for(saved, config, claim, held, others)
+            if kept:
+                return kept
         messages = _stop_owned(saved, config)
         state.clear(config.run_dir)
+        claims.clear(config.run_dir)
+        if force and others:
+            messages.append(f"--force: stopped although used by {claims.describe(others)}")
         return messages or [_nothing_to_stop(config)]
+
+
+def _kept_for(
+    saved: State, config: Config, claim: Claim, held: bool, others: list[Claim]
+) -> list[str]:
+    """Why `stop` leaves the server running for `claim`'s user, or [] when it may stop it."""
+    released = [f"released the claim of {claim.owner}"] if held else []
+    where = f"at {saved.uri}"
+    if others:
+        return [*released, f"left running {where}: used by {claims.describe(others)}"]
+    if not any(c.owned and c.running() for c in saved.components):
+        return []  # nothing of ours runs: stopping only tidies up (and says what it left)
+    if not held:
+        return [f"left running {where}: {claim.owner} holds no claim on it (its users' "
+                "claims are released); `python -m localdb stop --force` stops it"]
+    if not claims.managed(config.run_dir):
+        return [*released, f"left running {where}: started by a localdb that records no "
+                "claims (an older checkout?), so it may still be in use; "
+                "`python -m localdb stop --force` stops it"]
+    return []
 
 
 def _nothing_to_stop(config: Config) -> str:
@@ -193,8 +247,19 @@ def status(config: Config | None = None) -> Status:
     target = saved.uri if saved else config.local_uri
     error = ping_local(target)
     report = Status(error is None, saved.backend if saved else backend.value, target)
-    report.lines = _component_lines(saved, config, backend) + _path_lines(config, report, error)
+    report.lines = (_component_lines(saved, config, backend) + _claim_lines(saved, config)
+                    + _path_lines(config, report, error))
     return report
+
+
+def _claim_lines(saved: State | None, config: Config) -> list[str]:
+    """Who uses the server (the live claims), and whether stop can see every user."""
+    found = claims.live(config.run_dir)
+    lines = [f"used by: {c.owner} (since {c.since})" for c in found] or ["used by: no claim"]
+    if saved is not None and not claims.managed(config.run_dir):
+        lines.append("claims: started by a localdb that records none; `stop` leaves it "
+                     "running (`stop --force` stops it)")
+    return lines
 
 
 def _component_lines(saved: State | None, config: Config, backend: Backend) -> list[str]:
