@@ -141,3 +141,52 @@ def test_the_push_answers_200_for_a_deferred_event() -> None:
          "entity_data": {}}))
     assert answer.status_code == 200 and answer.get_json()["outcome"] == "deferred"
     assert (store.get(answer.get_json()["idempotency_key"]) or {})["retryable"] is True
+
+
+def test_a_partner_wide_retry_after_pauses_the_partners_other_calls_until_then() -> None:
+    from eventbus.model.errors import BreakerOpen
+    from eventbus.partners import OPEN, BreakerState, Partners
+    from eventbus.store.memory import MemoryEventStore
+    from eventbus.testing import FakeClock
+    from tests.partner_stores import beside
+
+    clock = FakeClock(NOW)
+    store = MemoryEventStore(clock=clock)
+    group = Partners.beside(store, Settings(), now=clock)
+    asked = retry_after(429, "120", "partner answered 429")
+    assert asked is not None and asked.partner_wide
+
+    def limited() -> None:
+        raise TransientError("partner answered 429") from asked
+
+    with pytest.raises(TransientError) as first:  # this call's own error, not BreakerOpen
+        group.get("acme").call(limited)
+    assert not isinstance(first.value, BreakerOpen)
+    state = BreakerState.from_document(beside(store).breaker_get("acme"))
+    assert state.state == OPEN and state.open_until == store.now() + dt.timedelta(seconds=120)
+    assert (state.reason or {})["cause"] == "retry after"
+    with pytest.raises(BreakerOpen) as second:  # the partner's other calls wait with it
+        group.get("acme").call(lambda: None)
+    assert second.value.until == state.open_until
+
+
+def test_an_event_scoped_retry_after_leaves_the_breaker_alone() -> None:
+    from eventbus.partners import Partners
+    from eventbus.store.memory import MemoryEventStore
+    from eventbus.testing import FakeClock
+    from tests.partner_stores import beside
+
+    clock = FakeClock(NOW)
+    store = MemoryEventStore(clock=clock)
+    group = Partners.beside(store, Settings(), now=clock)
+    asked = retry_after(503, "120", "partner answered 503")
+    assert asked is not None and not asked.partner_wide
+
+    def busy() -> None:
+        raise TransientError("partner answered 503") from asked
+
+    with pytest.raises(TransientError):
+        group.get("acme").call(busy)
+    stored = beside(store).breaker_get("acme") or {}
+    assert stored.get("state", "closed") == "closed"  # one failure: under the threshold
+    assert group.get("acme").call(lambda: "ok") == "ok"

@@ -5,7 +5,8 @@ moment (RFC 9110 section 10.2.3 allows both); anything else (empty, garbage, a
 negative number, a date that does not parse) is None, never an error.
 ``retry_after(status, header, reason)`` is the ``RetryAfter`` a handler raises
 for such an answer (``eventbus.model.errors.RetryAfter``, which bounds any value),
-or None when the answer is not a 429 or 503 with a readable header.
+or None when the answer is not a 429 or 503 with a readable header; a 429's is
+``partner_wide`` (the partner's own limit: its breaker pauses every call until then).
 """
 
 from __future__ import annotations
@@ -36,4 +37,5 @@ def retry_after(status: int, header: str | None, reason: str) -> RetryAfter | No
     if status not in ASKS_LATER:
         return None
     when = parse(header)
-    return None if when is None else RetryAfter(when, reason)
+    # A 429 is the partner's own limit, for every caller: its breaker pauses them all.
+    return None if when is None else RetryAfter(when, reason, partner_wide=status == 429)

@@ -54,9 +54,11 @@ class RetryAfter(TransientError):
     SHORTEST = 1.0
     """The shortest wait in seconds: a negative, zero, NaN or past value waits this long."""
 
-    def __init__(self, when: Any, reason: str = "") -> None:
+    def __init__(self, when: Any, reason: str = "", *, partner_wide: bool = False) -> None:
+        """``partner_wide``: the partner asked every caller to wait (a 429's ``Retry-After``),
+        so its breaker pauses its other calls until then too (``eventbus.partners``)."""
         super().__init__(f"retry after {when!r}: {reason}" if reason else f"retry after {when!r}")
-        self.when, self.reason = when, reason
+        self.when, self.reason, self.partner_wide = when, reason, partner_wide
 
     def delay(self, now: datetime, longest: float) -> float:
         """Seconds from ``now`` until the event may run again, within [SHORTEST, longest].

@@ -194,11 +194,18 @@ class CallOutcome:
     slow: bool = False
     tally: Tally | None = None
     """This process's window with this call in it (None: slow calls are not counted)."""
+    pause: float | None = None
+    """Seconds the partner asked every caller to wait (a 429's ``Retry-After``); None: none."""
 
 
 def recorded(state: BreakerState, now: datetime, policy: Policy,
              outcome: CallOutcome) -> BreakerState | None:
     """The state after a call; None when nothing changes (a fast answer on a closed breaker)."""
+    if outcome.pause is not None and state.manual is None:
+        # The partner said when it takes calls again: open until then, whatever the count.
+        counted = failed(state, now, policy, outcome.error or "asked to wait")
+        return opened_for(counted, now, outcome.pause,
+                          {"cause": "retry after", "seconds": round(outcome.pause, 3)})
     if outcome.error is not None:
         after = failed(state, now, policy, outcome.error)
         return slowed(after, now, policy, outcome.seconds, outcome.tally) if outcome.slow \
@@ -276,6 +283,8 @@ def describe_reason(reason: Mapping[str, Any] | None) -> str:
     if cause == "failed probe":
         # The error's full text is the breaker's ``last_error``; a reason stays one line.
         return f"failed probe: {str(reason.get('error'))[:60]}"
+    if cause == "retry after":
+        return f"the partner asked to wait {reason.get('seconds')} s (Retry-After)"
     if cause == "held open":
         return f"held open by {reason.get('by')}: {reason.get('why')}"
     return cause

@@ -95,6 +95,7 @@ from eventbus.model.errors import (
     Classifier,
     RateLimited,
     ReplayRefused,
+    RetryAfter,
 )
 from eventbus.partners.breaker import (
     CLOSED,
@@ -240,7 +241,8 @@ class Partner:
         """Store how the call went; raise ``BreakerOpen`` from ``exc`` when this failure
         opened the breaker."""
         after = self._after(started, exc)
-        if exc is not None and after is not None and after.open_until is not None:
+        asked = after is not None and (after.reason or {}).get("cause") == "retry after"
+        if exc is not None and after is not None and after.open_until is not None and not asked:
             # This failure opened it (or failed the probe): the event waits
             # for the next probe with the others instead of spending redrives.
             raise BreakerOpen(self.name, after.open_until, "opened by this call") from exc
@@ -315,6 +317,10 @@ class Partner:
         store, policy, seen = self.partners.store, self.partners.policy, started.seen
         outcome = self._outcome(started, exc)
         now = store.now()
+        later = _partner_wide(exc)
+        if later is not None:
+            outcome = dataclasses.replace(outcome, pause=later.delay(
+                now, self.partners.settings.retry_after_max_seconds))
         try:
             after = swap(store, self.name,
                          lambda state: recorded(state, now, policy, outcome), seen)
@@ -518,3 +524,14 @@ async def _settled(bookkeeping: Awaitable[None]) -> bool:
             cancelled = True
     job.result()  # the bookkeeping's own error, raised as an unshielded await raised it
     return cancelled
+
+
+def _partner_wide(exc: BaseException | None) -> RetryAfter | None:
+    """The partner-wide ``RetryAfter`` that ``exc`` is or was raised ``from``, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, RetryAfter) and exc.partner_wide:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return None
