@@ -121,6 +121,11 @@ class PermanentError(EventBusError):
     """Raised when a message can never succeed; it is stored as FAILED and acked."""
 
 
+class Expired(PermanentError):
+    """An event older than its route's ``max_age`` (on the store's clock): never run, stored
+    FAILED for good with the classification ``expired``, acked."""
+
+
 class InvalidEvent(PermanentError):
     """Raised when a delivered payload is not a valid event (bad JSON, missing or bad fields)."""
 

@@ -27,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from eventbus.model.context import Context
@@ -61,6 +63,12 @@ class Route:
     """What a rebuild does with this route (``eventbus.model.rebuild_policy``): ``run`` it again
     in replay mode (the default: a rebuild exists to re-run handlers, and the guard keeps
     their calls from repeating), or ``skip`` it (a pure notifier: never re-run)."""
+    max_attempts: int | None = None
+    """This route's attempt cap; None: ``Settings.max_attempts``."""
+    max_age: float | None = None
+    """Seconds after its publish time (on the store's clock) past which an event of this
+    route is stored FAILED for good (``expired``) and acked, never run; None: no limit.
+    A rebuild ignores it: it runs what the operator chose."""
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -90,6 +98,22 @@ class Route:
             f"(handler reads {', '.join(self.versions)})")
 
 
+def _policy(event_type: str, max_attempts: object,
+            max_age: object) -> tuple[int | None, float | None]:
+    """A route's ``max_attempts`` and ``max_age`` checked; a clear error names the route."""
+    if max_attempts is not None and (isinstance(max_attempts, bool)
+                                     or not isinstance(max_attempts, int) or max_attempts < 1):
+        raise ValueError(f"route {event_type!r}: max_attempts must be a whole number of 1 or "
+                         f"more, not {max_attempts!r}")
+    if isinstance(max_age, timedelta):
+        max_age = max_age.total_seconds()
+    if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int | float)
+                                or not math.isfinite(max_age) or max_age <= 0):
+        raise ValueError(f"route {event_type!r}: max_age must be a positive number of seconds "
+                         f"(or a timedelta), not {max_age!r}")
+    return max_attempts, None if max_age is None else float(max_age)
+
+
 def _upcast_result(result: object, event_type: str, version: str) -> Event:
     # Everything after an upcaster reads the event it returned (its document,
     # its entity): a wrong return is a bug of the upcaster, raised here.
@@ -113,7 +137,8 @@ class Router:
                 upcasters: Mapping[str, Upcaster] | None = None,
                 internal: bool = False,
                 ordered_by: str | None = None,
-                replay: ReplayPolicy = "run") -> Callable[[Handler], Handler]:
+                replay: ReplayPolicy = "run", max_attempts: int | None = None,
+                max_age: float | timedelta | None = None) -> Callable[[Handler], Handler]:
         """Register the decorated function for ``event_type``.
 
         ``internal=True`` declares a step of a cascade (a partner call, say):
@@ -121,7 +146,12 @@ class Router:
         ``ordered_by`` (a dotted path such as ``entity_data.updatedAt``) makes
         the newest event of an entity win: see ``eventbus.model.order``.
         ``replay`` says what ``eventbus rebuild`` does with it: ``run`` (default) or ``skip``.
+        ``max_attempts`` caps this route's attempts (default ``Settings.max_attempts``);
+        ``max_age`` (seconds or a ``timedelta``) is how long after its publish time an event
+        is still worth running: older, it is stored FAILED for good (``expired``), acked.
+        An impossible value raises ``ValueError`` naming the route, here, at start-up.
         """
+        max_attempts, max_age = _policy(event_type, max_attempts, max_age)
         if replay not in REPLAY_POLICIES:
             raise ValueError(f"replay must be one of {REPLAY_POLICIES}, not {replay!r}")
         if ordered_by is not None and not all(ordered_by.split(".")):
@@ -129,7 +159,7 @@ class Router:
 
         def register(function: Handler) -> Handler:
             self.add(Route(event_type, function, tuple(versions), dict(upcasters or {}),
-                           internal, ordered_by, replay))
+                           internal, ordered_by, replay, max_attempts, max_age))
             return function
         return register
 

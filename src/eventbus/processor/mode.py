@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from eventbus.correlation import tracecontext
 from eventbus.model.content import error_text
 from eventbus.model.context import Context
-from eventbus.model.errors import Classification, ContentRejected, PartnerPaused, RetryAfter
+from eventbus.model.errors import (
+    Classification,
+    ContentRejected,
+    Expired,
+    PartnerPaused,
+    RetryAfter,
+)
 from eventbus.model.outcome import Outcome
 from eventbus.processor.ordering import Lane, stale_pending
 from eventbus.processor.rejections import brief, existing
@@ -38,6 +44,7 @@ from eventbus.store.documents import parked as parking
 
 if TYPE_CHECKING:  # the processor builds its mode with itself: a type here, not an import
     from eventbus.processor.pipeline import Processor
+    from eventbus.settings import Settings
 
 logger = logging.getLogger("eventbus")
 E = TypeVar("E", bound=BaseException)
@@ -70,6 +77,9 @@ class Mode(abc.ABC):
     """True when each ordered SUCCESS moves its entity's applied position (live); False
     when ordered events run in position order under their entity's hold and leave the
     position where it is (a rebuild re-runs old events)."""
+    honours_max_age: bool
+    """True when a route's ``max_age`` refuses an event too old to run (live); False when
+    every chosen event runs whatever its age (a rebuild runs what the operator chose)."""
 
     @abc.abstractmethod
     def claim_batch(self, wanted: list[Item]) -> BatchClaim:
@@ -149,7 +159,7 @@ class Mode(abc.ABC):
         (empty: nothing to publish)."""
 
 
-STEPS = frozenset(Mode.__abstractmethods__) | {"moves_position"}
+STEPS = frozenset(Mode.__abstractmethods__) | {"moves_position", "honours_max_age"}
 """The names of the steps a mode may replace (``Mode``'s abstract methods and its flag)."""
 
 
@@ -157,6 +167,7 @@ class LiveMode(Mode):
     """The live pipeline's steps: what ``Processor`` does for a service and its workers."""
 
     moves_position = True
+    honours_max_age = True
 
     def __init__(self, processor: Processor) -> None:
         self.processor = processor
@@ -234,8 +245,9 @@ class LiveMode(Mode):
             return self._parked(item, exc, paused)
         processor = self.processor
         settings = processor.settings
+        cap = attempt_cap(item, settings)
         later = _caused_by(exc, RetryAfter)
-        if later is not None and self.attempts_used(item) < settings.max_attempts:
+        if later is not None and self.attempts_used(item) < cap:
             return self._deferred(item, exc, later)
         kind = processor.classifier.classify(exc)
         # A write the store refuses for its content (too large, a value it
@@ -243,8 +255,11 @@ class LiveMode(Mode):
         # every retry: FAILED for good with the reason, not 503 until the cap.
         content = isinstance(exc, ContentRejected) or documents.refuses_content(exc)
         final = kind is Classification.PERMANENT or content
-        capped = self.attempts_used(item) >= settings.max_attempts and not final
-        label = "attempt_cap" if capped else "content" if content else kind.value
+        expired = isinstance(exc, Expired)
+        final = final or expired
+        capped = self.attempts_used(item) >= cap and not final
+        label = "attempt_cap" if capped else "expired" if expired else \
+            "content" if content else kind.value
         # Due on the store's clock: the redrive compares it with the store's now.
         redrive_at = processor.store.now() + timedelta(seconds=settings.redrive_after_seconds)
         finish = Finish(item.key, item.claim.owner, error=documents.error_document(exc, label),
@@ -298,6 +313,12 @@ class LiveMode(Mode):
     def relayed(self, item: Item) -> Sequence[Mapping[str, Any]]:
         """The outbox of the item's finish."""
         return item.pending.finish.outbox if item.pending is not None else ()
+
+
+def attempt_cap(item: Item, settings: Settings) -> int:
+    """The attempt cap of ``item``'s route (``Route.max_attempts``), else the settings'."""
+    route = item.located.route if item.located is not None else None
+    return (route.max_attempts if route is not None else None) or settings.max_attempts
 
 
 def _paused(exc: BaseException) -> PartnerPaused | None:

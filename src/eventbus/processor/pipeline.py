@@ -48,6 +48,7 @@ from eventbus.model.errors import (
     AttemptCapReached,
     Classifier,
     ContentRejected,
+    Expired,
     StoreUnavailable,
 )
 from eventbus.model.outcome import Outcome
@@ -460,10 +461,24 @@ class Processor:
     def _capped(self, item: Item, lane: Lane) -> bool:
         """True when the attempt cap refuses to run ``item`` (the mode's ``attempts_used``
         above ``max_attempts``): its failure is decided instead (``_failed``)."""
-        if self.mode.attempts_used(item) <= self.settings.max_attempts:
+        route = item.located.route if item.located is not None else None
+        if route is not None and route.max_age is not None and self.mode.honours_max_age:
+            age = self._age(item)
+            if age is not None and age > route.max_age:
+                self._failed(item, lane, Expired(
+                    f"{age:.0f} s after its publish time, past its route's max_age of "
+                    f"{route.max_age:g} s: never run"))
+                return True
+        cap = (route.max_attempts if route is not None else None) or self.settings.max_attempts
+        if self.mode.attempts_used(item) <= cap:
             return False
         self._failed(item, lane, AttemptCapReached("attempt cap reached"))
         return True
+
+    def _age(self, item: Item) -> float | None:
+        """Seconds from the delivery's publish time to the store's now (None: no time)."""
+        published = item.delivery.published_at()
+        return None if published is None else (self.store.now() - published).total_seconds()
 
     def _failed(self, item: Item, lane: Lane, exc: Exception) -> None:
         """The run of ``item`` failed with ``exc`` (its handler's, its context's, the cap's):

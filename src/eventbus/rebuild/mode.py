@@ -185,6 +185,7 @@ class ReplayMode(LiveMode):
     """
 
     moves_position = False
+    honours_max_age = False
 
     def __init__(self, processor: Processor, rebuilds: ReplayStore, replay: Replay,
                  fresh: set[str]) -> None:
