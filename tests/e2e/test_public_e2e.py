@@ -185,6 +185,6 @@ def test_a_crash_before_the_publish_is_forwarded_by_the_sweeper_exactly_once(
 def _peek(public: Public, key: str) -> str | None:
     """``eventbus peek`` on our subscription, when it shows both versions of ``key``."""
     shown = public.command("peek", "order-status", "--subscription", public.subscription,
-                          *PEEK_WAIT)
+                          "--wide", *PEEK_WAIT)  # the whole bodies: a table cuts them
     assert shown.returncode == 0, shown.stderr
     return shown.stdout if shown.stdout.count(key) >= 2 else None

@@ -120,8 +120,10 @@ def _message(bus: Bus, key: str) -> tuple[bytes, dict[str, str], str]:
 def test_stored_values_are_escaped_everywhere(bus: Bus) -> None:
     partner = f"p-1{ESC}\u202e"
     key = bus.deliver(mode="permanent", orderId=ESC, tag="x", partner=partner).key
-    for argv in (["failed"], ["failed", "--list"], ["history", "--partner", partner],
-                 ["show", key], ["status"], ["trace", key]):
+    # --wide: escaped, every value is longer than a table's cut (issue 42: tables fit 100).
+    for argv in (["failed", "--wide"], ["failed", "--list", "--wide"],
+                 ["history", "--partner", partner, "--wide"], ["show", key, "--wide"],
+                 ["status", "--wide"], ["trace", key]):
         code, out, err = bus.run(*argv)
         assert code == 0, (argv, err)
         assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out, argv
@@ -268,7 +270,7 @@ def test_replay_with_corrected_data_for_an_invalid_payload(bus: Bus, tmp_path: P
                  "entity_data": {"tag": "fixed-data"}}
     path = tmp_path / "fixed.json"
     path.write_text('{"event_type": "OR_MGMT"}')
-    code, out, _ = bus.run("replay", bad.key, "--data", str(path))
+    code, out, _ = bus.run("replay", bad.key, "--data", str(path), "--wide")
     assert code == 1 and "not a valid event" in out
     path.write_text(json.dumps(corrected))
     code, _, err = bus.run("replay", bad.key)

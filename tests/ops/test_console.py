@@ -77,7 +77,7 @@ def test_pages_show_counts_groups_events_and_history(bus: Bus) -> None:
     overview = get(browser, "/").get_data(as_text=True)
     assert '<svg class="chart" id="throughput"' in overview and "FAILED(final)" in overview
     groups = get(browser, "/failed").get_data(as_text=True)
-    assert "no such order &lt;n&gt;" in groups and "Replay group" in groups
+    assert "no such order &lt;number&gt;" in groups and "Replay group" in groups
     event = get(browser, "/event", query_string={"key": failed}).get_data(as_text=True)
     assert 'id="timeline"' in event and "PermanentError" in event and 'id="replay-link"' in event
     history = get(browser, "/partner", query_string={"id": "p-1"}).get_data(as_text=True)

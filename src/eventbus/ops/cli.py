@@ -57,9 +57,16 @@ from collections.abc import Sequence
 from eventbus.model.errors import EventBusError, PublishError
 from eventbus.ops import cascade
 from eventbus.ops.commands import console, public, queries, repair, sweepers
-from eventbus.ops.commands.common import Tools, UsageError, load_router, positive
+from eventbus.ops.commands.common import (
+    Tools,
+    UsageError,
+    add_table_options,
+    load_router,
+    positive,
+    width_of,
+)
 from eventbus.ops.config import OpsSettings, load_env_file
-from eventbus.ops.progress import status_table
+from eventbus.ops.progress import status_counts, status_table
 from eventbus.ops.render import safe
 from eventbus.ops.specs import InputError, load_specs, publish_all
 from eventbus.outbox.relay import Relay
@@ -101,8 +108,12 @@ def cmd_publish(args: argparse.Namespace, tools: Tools) -> int:
 
 
 def cmd_status(args: argparse.Namespace, tools: Tools) -> int:
-    """Print the status table of every stored event."""
-    print(status_table(tools.store()))
+    """Print the status table of every stored event (``--wide``: nothing cut; ``--json``)."""
+    store = tools.store()
+    if getattr(args, "json", False):
+        tools.emit(status_counts(store), "", args)
+    else:
+        print(status_table(store, total=width_of(args)), file=tools.out)
     return 0
 
 
@@ -147,7 +158,9 @@ def parser() -> argparse.ArgumentParser:
     publish.add_argument("--timeout", type=_seconds, default=10.0,
                          help="seconds to wait for Pub/Sub per event (default 10)")
     publish.set_defaults(run=cmd_publish)
-    commands.add_parser("status", help="table of stored events").set_defaults(run=cmd_status)
+    status = commands.add_parser("status", help="table of stored events")
+    add_table_options(status)
+    status.set_defaults(run=cmd_status)
     relay = commands.add_parser("relay", help="the outbox sweeper: publish pending children")
     relay.add_argument("--once", action="store_true", help="one pass, then exit")
     relay.add_argument("--interval", type=_seconds, default=10.0,

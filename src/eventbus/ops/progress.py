@@ -66,6 +66,19 @@ def _status(doc: Mapping[str, Any]) -> str:
     return str(doc.get("event_status"))
 
 
+def status_counts(store: EventStore) -> dict[str, Any]:
+    """``eventbus status --json``: events by type and status, and each FAILED one's error."""
+    docs = store.summaries(None)
+    rows = Counter((str(doc.get("event_type", "?")), _status(doc)) for doc in docs)
+    counts: dict[str, dict[str, int]] = {}
+    for (event_type, status), count in sorted(rows.items()):
+        counts.setdefault(event_type, {})[status] = count
+    failed = [{"key": doc["idempotency_key"],
+               "error": (doc.get("error") or {}).get("message", "")}
+              for doc in docs if doc.get("event_status") == Status.FAILED]
+    return {"counts": counts, "failed": failed}
+
+
 def status_table(store: EventStore, keys: Iterable[str] | None = None,
                  total: int | None = WIDTH) -> str:
     """Return a text table: one row per event type, one column per status.
