@@ -36,6 +36,9 @@ Optional (a value given is written to the stack's config; one not given keeps th
   NOTIFICATION_CHANNELS   comma-separated monitoring notification channel names for alerts
   ERROR_RATE_THRESHOLD    5xx responses per second that raise the 5xx alert (default 0.5)
   BREAKER_ALERT_SECONDS   a partner's breaker open this long raises an alert (default 1800)
+  BACKLOG_ALERT_SECONDS   a message unacked this long on a subscription raises an alert (default 3600)
+  DEAD_LETTER_ALERT_MESSAGES  more dead letters waiting than this raise an alert (default 0)
+  DELIVERY_HEALTH_THRESHOLD   the push subscription's health score below this raises an alert (default 1)
   RELAY_SCHEDULE          cron of the outbox relay job (default */5 * * * *)
   REDRIVE_SCHEDULE        cron of the redrive job (default */10 * * * *)
   DRAIN_SCHEDULE          cron of the dead-letter drain job (default */15 * * * *)
@@ -94,6 +97,8 @@ CONFIG_KEYS=(
   "WORKER_INSTANCES workerInstances" "WORKER_BATCH_SIZE workerBatchSize"
   "WORKER_RATE workerRate" "PUBLIC_CONSUMERS publicConsumers"
   "BREAKER_ALERT_SECONDS breakerAlertSeconds" "ARCHIVE archive" "ARCHIVE_DAYS archiveDays"
+  "BACKLOG_ALERT_SECONDS backlogAlertSeconds" "DEAD_LETTER_ALERT_MESSAGES deadLetterAlertMessages"
+  "DELIVERY_HEALTH_THRESHOLD deliveryHealthThreshold"
 )
 
 say() { printf '== %s\n' "$*" >&2; }

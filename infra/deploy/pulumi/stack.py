@@ -12,7 +12,9 @@ What it wires (see ``infra/deploy/README.md``):
   with ``MONGODB_URI`` read from Secret Manager;
 * Cloud Run jobs for the outbox relay, the store-driven redrive and the dead-letter drain,
   each run by Cloud Scheduler;
-* a log-based metric of events failed for good, and alerts on it and on the 5xx rate;
+* a log-based metric of events failed for good, and alerts on it, on the 5xx rate, on the
+  push subscription's oldest unacked message and on its delivery-latency health score;
+* an alert when dead letters wait on the dead-letter subscription (every consumer);
 * an alert when a partner's breaker stays open past ``breakerAlertSeconds`` (the
   ``eventbus.partner.open_for`` gauge, exported with ``EVENTBUS_METRICS_EXPORTER=otlp``);
 * with ``consumer`` ``pull`` or ``both``, the pull worker beside or instead of the push
@@ -57,6 +59,17 @@ FAILED_FOR_GOOD_LOG = (
     "AND severity>=ERROR"
 )
 BREAKER_OPEN_FOR = 'metric.type="{metric}"'
+PUBSUB_SUBSCRIPTION = (
+    'resource.type="pubsub_subscription" AND resource.label.subscription_id="{name}"'
+)
+#: Messages kept on a subscription, not yet acked (GAUGE, INT64).
+UNDELIVERED = ('metric.type="pubsub.googleapis.com/subscription/num_undelivered_messages" AND '
+               + PUBSUB_SUBSCRIPTION)
+#: Pub/Sub's own verdict on a subscription over a 10-minute rolling window (GAUGE, BOOL): one
+#: series per ``criteria`` (ack_latency, expired_ack_deadlines, nack_requests, seek_requests,
+#: utilization), true while that criterion is healthy.
+HEALTH_SCORE = ('metric.type="pubsub.googleapis.com/subscription/delivery_latency_health_score"'
+                ' AND ' + PUBSUB_SUBSCRIPTION)
 FIVE_XX = (
     'metric.type="run.googleapis.com/request_count" AND resource.type="cloud_run_revision" '
     'AND resource.label.service_name="{service}" AND metric.label.response_code_class="5xx"'
@@ -121,6 +134,11 @@ class DeployConfig:
     # workload.googleapis.com/), and how long one may stay open before someone is told.
     breaker_metric: str = "workload.googleapis.com/eventbus.partner.open_for"
     breaker_alert_seconds: int = 1800
+    # Pub/Sub's own alerts: dead letters waiting above this many (0: any) fire
+    # alert-dead-letters; the push subscription's health score, as the fraction of 5 min in
+    # which a criterion was healthy, below this fires alert-delivery-health (1: any dip).
+    dead_letter_alert_messages: int = 0
+    delivery_health_threshold: float = 1.0
     # Public topics (public.py): the contract files, and who consumes which topic.
     public_contracts: str = ""
     public_consumers: tuple[str, ...] = ()
@@ -230,6 +248,8 @@ def config_problems(c: DeployConfig) -> list[str]:
         "target function needs functionSource (a zip of the source)":
             c.target != "function" or bool(c.function_source),
         "breakerAlertSeconds must be >= 60": c.breaker_alert_seconds >= 60,
+        "deadLetterAlertMessages must be >= 0": c.dead_letter_alert_messages >= 0,
+        "deliveryHealthThreshold must be in (0, 1]": 0 < c.delivery_health_threshold <= 1,
     }
     return [rule for rule, holds in rules.items() if not holds] + worker.config_problems(c) + \
         public.config_problems(c) + archive.config_problems(c)
@@ -303,6 +323,7 @@ class _Stack:
         if self.c.push_enabled:
             self.alerts()
         self.breaker_alert()
+        self.dead_letter_alert()
         return self.out
 
     # -- identities and messaging -------------------------------------------------------
@@ -542,13 +563,17 @@ class _Stack:
 
     # -- alerts ---------------------------------------------------------------------------------
 
-    def threshold(self, filter_: pulumi.Input[str], aligner: str,
-                  value: float) -> gcp.monitoring.AlertPolicyConditionConditionThresholdArgs:
+    def threshold(self, filter_: pulumi.Input[str], aligner: str, value: float, *,
+                  comparison: str = "COMPARISON_GT", reducer: str = "REDUCE_SUM",
+                  group_by: list[str] | None = None,
+                  ) -> gcp.monitoring.AlertPolicyConditionConditionThresholdArgs:
+        """Fires when the 5-min aligned, reduced series compares to ``value`` (above by default)."""
+        extra = {"group_by_fields": group_by} if group_by else {}
         return gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
-            filter=filter_, comparison="COMPARISON_GT", threshold_value=value, duration="0s",
+            filter=filter_, comparison=comparison, threshold_value=value, duration="0s",
             aggregations=[gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
                 alignment_period="300s", per_series_aligner=aligner,
-                cross_series_reducer="REDUCE_SUM")])
+                cross_series_reducer=reducer, **extra)])
 
     def alert(self, name: str, title: str,
               condition: gcp.monitoring.AlertPolicyConditionConditionThresholdArgs,
@@ -562,7 +587,8 @@ class _Stack:
                 content=doc, mime_type="text/markdown")))
 
     def alerts(self) -> None:
-        """Events failed for good (> 0 in 5 min) and the 5xx rate of the handler."""
+        """The push handler's: events failed for good (> 0 in 5 min), its 5xx rate, and its
+        subscription's oldest unacked message and delivery-latency health score."""
         c = self.c
         metric = self.add(gcp.logging.Metric(
             "failed-for-good-metric", project=c.project, name=f"{c.service}-failed-for-good",
@@ -582,6 +608,44 @@ class _Stack:
                                   c.error_rate_threshold),
                    "The handler answers 5xx (retries or errors) above the threshold per "
                    "second over 5 minutes: check MongoDB and the service's logs.")
+        self.alert("alert-push-backlog", f"{c.push_subscription}: oldest unacked message",
+                   self.threshold(worker.OLDEST_UNACKED.format(name=c.push_subscription),
+                                  "ALIGN_MAX", c.backlog_alert_seconds),
+                   f"A message on {c.push_subscription} has waited longer than "
+                   f"{c.backlog_alert_seconds} s for its ack: the handler is down or refuses "
+                   "the pushes (the 5xx alert, `push_request_count` by response class: 4xx "
+                   "is the push identity or audience), too slow (more instances), or one "
+                   "event is answered 503 again and again (the service's logs; "
+                   f"after {c.max_delivery_attempts} attempts it is dead-lettered). Pub/Sub "
+                   f"drops what waits longer than {c.retention_seconds} s.")
+        self.alert("alert-delivery-health", f"{c.push_subscription}: delivery latency unhealthy",
+                   self.threshold(HEALTH_SCORE.format(name=c.push_subscription),
+                                  "ALIGN_FRACTION_TRUE", c.delivery_health_threshold,
+                                  comparison="COMPARISON_LT", reducer="REDUCE_MIN",
+                                  group_by=["metric.label.criteria"]),
+                   f"Pub/Sub rates {c.push_subscription} unhealthy on the criterion the "
+                   "incident names (its `criteria` label) for more than the allowed part of "
+                   "5 minutes: `nack_requests` are the handler's 503s (transient errors, a "
+                   "lease held elsewhere), `expired_ack_deadlines` and `ack_latency` are "
+                   f"handlers slower than the {c.ack_deadline_seconds} s ack deadline, "
+                   "`utilization` is more outstanding pushes than the service takes "
+                   "(instances x concurrency), `seek_requests` someone seeking. Deliveries "
+                   "slow down until it recovers: check the 5xx alert and the service's logs.")
+
+    def dead_letter_alert(self) -> None:
+        """Dead letters waiting on the dead-letter subscription (push and pull alike)."""
+        c = self.c
+        name = c.dead_letter_subscription
+        self.alert("alert-dead-letters", f"{name}: dead letters waiting",
+                   self.threshold(UNDELIVERED.format(name=name), "ALIGN_MAX",
+                                  c.dead_letter_alert_messages),
+                   f"More than {c.dead_letter_alert_messages} messages wait on {name}: events "
+                   f"Pub/Sub gave up on after {c.max_delivery_attempts} delivery attempts "
+                   "(the handler or worker never acked them). The dead-letter drain job "
+                   f"(`{c.service}-dlq-drain`, `eventbus dlq drain`) stores and acks them; "
+                   "if this stays open, the job is failing (its executions' logs). Then "
+                   "find why they were never acked and replay them with the `eventbus` "
+                   f"operator commands. Pub/Sub drops them after {c.retention_seconds} s.")
 
 
     def breaker_alert(self) -> None:

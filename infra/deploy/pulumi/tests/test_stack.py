@@ -440,7 +440,46 @@ def alert_checks(c: Any) -> dict[str, Check]:
             where=lambda i: all(p in i["filter"] for p in log_match)),
         "alert: events failed for good > 0 over 5 min": alert_on(metric_types, "ALIGN_DELTA"),
         "alert: 5xx rate of the handler": alert_on(lambda rs: five_xx, "ALIGN_RATE"),
+        "alert: oldest unacked message on the push subscription": pubsub_alert(
+            c, "subscription/oldest_unacked_message_age", c.push_subscription,
+            "COMPARISON_GT", c.backlog_alert_seconds,
+            {"alignmentPeriod": "300s", "perSeriesAligner": "ALIGN_MAX",
+             "crossSeriesReducer": "REDUCE_SUM"}),
+        "alert: the push subscription's delivery-latency health score below threshold":
+            pubsub_alert(
+                c, "subscription/delivery_latency_health_score", c.push_subscription,
+                "COMPARISON_LT", c.delivery_health_threshold,
+                {"alignmentPeriod": "300s", "perSeriesAligner": "ALIGN_FRACTION_TRUE",
+                 "crossSeriesReducer": "REDUCE_MIN",
+                 "groupByFields": ["metric.label.criteria"]}),
     }
+
+
+def pubsub_alert(c: Any, metric: str, subscription: str, comparison: str, value: float,
+                 aggregation: dict[str, Any]) -> Check:
+    """An alert policy on a Pub/Sub metric of one subscription, to the stack's channels."""
+    expected = (f'metric.type="pubsub.googleapis.com/{metric}" '
+                'AND resource.type="pubsub_subscription" '
+                f'AND resource.label.subscription_id="{subscription}"')
+
+    def check(rs: list[Recorded]) -> bool:
+        return any(
+            (cond := dig(i, "conditions")[0]["conditionThreshold"])["filter"] == expected
+            and cond["comparison"] == comparison and cond["thresholdValue"] == value
+            and cond["aggregations"] == [aggregation]
+            and i["notificationChannels"] == list(c.notification_channels)
+            and subscription in i["documentation"]["content"]
+            for i in of_type(rs, "monitoring/alertPolicy:AlertPolicy"))
+    return check
+
+
+def dead_letter_checks(c: Any) -> dict[str, Check]:
+    """The alert on dead letters waiting on the dead-letter subscription (every consumer)."""
+    return {"alert: dead letters waiting on the dead-letter subscription": pubsub_alert(
+        c, "subscription/num_undelivered_messages", c.dead_letter_subscription,
+        "COMPARISON_GT", c.dead_letter_alert_messages,
+        {"alignmentPeriod": "300s", "perSeriesAligner": "ALIGN_MAX",
+         "crossSeriesReducer": "REDUCE_SUM"})}
 
 
 def breaker_checks(c: Any) -> dict[str, Check]:
@@ -638,7 +677,8 @@ def expectations(config: Any) -> dict[str, Check]:
     """Every piece of wiring a deployment of ``config`` must have, by description."""
     jobs = [job_checks(config, spec) for spec in config.jobs]
     checks = {**messaging_checks(config), **grant_checks(config), **public_checks(config),
-              **breaker_checks(config), **{k: v for checks in jobs for k, v in checks.items()}}
+              **breaker_checks(config), **dead_letter_checks(config),
+              **{k: v for checks in jobs for k, v in checks.items()}}
     if config.push_enabled:
         target = service_checks(config) if config.target == "run" else function_checks(config)
         checks |= {**target, **alert_checks(config)}
@@ -766,6 +806,10 @@ def test_one_scheduled_job_each_for_relay_redrive_and_drain() -> None:
     ({"max_delivery_attempts": 4}, "maxDeliveryAttempts must be 5..100"),
     ({"max_delivery_attempts": 101}, "maxDeliveryAttempts must be 5..100"),
     ({"breaker_alert_seconds": 30}, "breakerAlertSeconds must be >= 60"),
+    ({"backlog_alert_seconds": 30}, "backlogAlertSeconds must be >= 60"),
+    ({"dead_letter_alert_messages": -1}, "deadLetterAlertMessages must be >= 0"),
+    ({"delivery_health_threshold": 0.0}, "deliveryHealthThreshold must be in (0, 1]"),
+    ({"delivery_health_threshold": 1.5}, "deliveryHealthThreshold must be in (0, 1]"),
     ({"max_backoff_seconds": 601}, "backoff"),
     ({"min_backoff_seconds": 700}, "backoff"),
     ({"retention_seconds": 32 * 86400}, "retention"),
@@ -786,6 +830,37 @@ def test_the_defaults_follow_gunicorn_and_the_pubsub_facts() -> None:
     assert (config.ack_deadline_seconds, config.min_backoff_seconds,
             config.max_backoff_seconds) == (60, 10, 600)
     assert (config.max_delivery_attempts, config.retention_seconds) == (100, 7 * 86400)
+
+
+def test_the_pubsub_alert_thresholds_come_from_the_config() -> None:
+    config = stack.from_getter({
+        "project": "p", "region": "r", "image": "i", "backlogAlertSeconds": "900",
+        "deadLetterAlertMessages": "10", "deliveryHealthThreshold": "0.5",
+        "notificationChannels": "projects/p/notificationChannels/7"}.get)
+    assert (config.backlog_alert_seconds, config.dead_letter_alert_messages,
+            config.delivery_health_threshold) == (900, 10, 0.5)
+    assert check_wiring(recorded(config), config) == []
+    resources = recorded(config)
+    for name in ("alert-push-backlog", "alert-dead-letters", "alert-delivery-health"):
+        assert inputs(resources, name)["notificationChannels"] == [
+            "projects/p/notificationChannels/7"]
+    # checked against the default thresholds, each of the three is reported as missing
+    defaults = replace(config, backlog_alert_seconds=3600, dead_letter_alert_messages=0,
+                       delivery_health_threshold=1.0)
+    assert check_wiring(resources, defaults) == [
+        "alert: dead letters waiting on the dead-letter subscription",
+        "alert: oldest unacked message on the push subscription",
+        "alert: the push subscription's delivery-latency health score below threshold"]
+
+
+@pytest.mark.parametrize("name, missing", [
+    ("alert-push-backlog", "alert: oldest unacked message on the push subscription"),
+    ("alert-dead-letters", "alert: dead letters waiting on the dead-letter subscription"),
+    ("alert-delivery-health",
+     "alert: the push subscription's delivery-latency health score below threshold"),
+])
+def test_removing_a_pubsub_alert_is_reported(name: str, missing: str) -> None:
+    assert check_wiring(without(recorded(RUN), name), RUN) == [missing]
 
 
 def test_pulumi_config_keys_are_camel_case_fields() -> None:

@@ -64,9 +64,10 @@ def test_pull_only_has_no_push_handler_no_push_subscription_and_no_push_identity
     assert PULL.push_subscription not in {
         i["name"] for i in of_type(resources, "pubsub/subscription:Subscription")}
     assert not {"push-sa", "agent-acks-push-subscription", "agent-signs-push-tokens",
-                "alert-5xx", "alert-failed-for-good"} & names(resources)
+                "alert-5xx", "alert-failed-for-good", "alert-push-backlog",
+                "alert-delivery-health"} & names(resources)
     assert {"worker-pool", "pull-subscription", "job-relay", "job-redrive",
-            "job-dlq-drain"} <= names(resources)
+            "job-dlq-drain", "alert-dead-letters"} <= names(resources)
 
 
 def test_pull_only_jobs_carry_no_push_auth_settings() -> None:
