@@ -42,6 +42,12 @@ def test_a_rebuild_runs_each_success_once_and_keeps_its_history(bus: Bus) -> Non
     assert code == 0, err
     assert json.loads(out)["counts"]["rebuilt"] == 3
     assert all(len((bus.store.get(key) or {})["replays"]) == 1 for key in keys)
+    # show prints each replay entry's rebuild id, outcome and child counts (OPERATORS.md).
+    code, out, err = bus.run("show", keys[0], "--wide")
+    assert code == 0, err
+    replays = out.split("replays:", 1)[1]
+    assert report["rebuild_id"] in replays and "rebuilt" in replays
+    assert "0 same, 0 changed, 0 new" in replays
 
 
 def test_a_dry_run_lists_and_writes_nothing(bus: Bus, tmp_path: Path) -> None:

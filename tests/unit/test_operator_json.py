@@ -114,3 +114,14 @@ def test_depth_is_measured_without_recursion() -> None:
     for _ in range(50_000):
         deep = [deep]
     assert jsonfile.depth(deep) == 50_000 and jsonfile.depth({"a": [1, {"b": 2}]}) == 3
+
+
+def test_a_replay_entrys_children_read_as_words() -> None:
+    from eventbus.ops.commands.queries import children_of
+
+    assert children_of({"children": {"duplicates": 2, "changed": [{"key": "c"}],
+                                      "new": [{"key": "k"}], "emitted": True}}) == \
+        "2 same, 1 changed, 1 new (emitted)"
+    assert children_of({"children": {"duplicates": 0, "changed": 0, "new": []}}) == \
+        "0 same, 0 changed, 0 new"
+    assert children_of({"by": "ops"}) == "" and children_of({"children": "x"}) == ""

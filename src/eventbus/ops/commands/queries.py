@@ -216,8 +216,9 @@ def show_text(view: EventView, total: int | None = WIDTH) -> str:
     replays = [r for r in record.get("replays", []) if isinstance(r, Mapping)]
     if replays:
         lines += ["", "replays:", _indent(table(
-            ["at", "by", "why", "attempt", "data"],
-            [[r.get("at"), r.get("by"), r.get("why"), r.get("attempt"),
+            ["at", "by", "rebuild", "outcome", "children", "why", "attempt", "data"],
+            [[r.get("at"), r.get("by"), r.get("rebuild") or "", r.get("outcome") or "",
+              children_of(r), r.get("why"), r.get("attempt"),
               to_json(r["data"]) if "data" in r else ""] for r in replays],
             total=_inner(total)))]
     forwards = forwarded(record)
@@ -267,6 +268,24 @@ def _summary(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
 def _inner(total: int | None) -> int | None:
     """The width of a table indented by ``_indent`` in a text ``total`` wide."""
     return None if total is None else total - 2
+
+
+def children_of(entry: Mapping[str, Any]) -> str:
+    """A rebuild's audit entry's children in words: ``2 same, 1 changed, 1 new (emitted)``;
+    empty for an entry without them (an operator's replay, a stale or failed rerun)."""
+    children = entry.get("children")
+    if not isinstance(children, Mapping):
+        return ""
+    same, changed, new = (_count(children.get(name)) for name in ("duplicates", "changed", "new"))
+    emitted = " (emitted)" if children.get("emitted") and new else ""
+    return f"{same} same, {changed} changed, {new} new{emitted}"
+
+
+def _count(value: Any) -> int:
+    """A child count as stored: a number, or the list of those children."""
+    if isinstance(value, list):
+        return len(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _indent(text: str) -> str:
