@@ -13,7 +13,24 @@ import enum
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
+
+E = TypeVar("E", bound=BaseException)
+
+
+def caused_by(exc: BaseException | None, kind: type[E]) -> E | None:
+    """The ``kind`` that ``exc`` is or was raised ``from`` (a handler may wrap it), or None.
+
+    Walks ``__cause__`` (a cycle ends the walk): how the processor finds a park or a
+    ``RetryAfter`` under a handler's own error, and partners a partner-wide one.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return None
 
 
 class EventBusError(Exception):

@@ -96,6 +96,7 @@ from eventbus.model.errors import (
     RateLimited,
     ReplayRefused,
     RetryAfter,
+    caused_by,
 )
 from eventbus.partners.breaker import (
     CLOSED,
@@ -317,8 +318,8 @@ class Partner:
         store, policy, seen = self.partners.store, self.partners.policy, started.seen
         outcome = self._outcome(started, exc)
         now = store.now()
-        later = _partner_wide(exc)
-        if later is not None:
+        later = caused_by(exc, RetryAfter)
+        if later is not None and later.partner_wide:
             outcome = dataclasses.replace(outcome, pause=later.delay(
                 now, self.partners.settings.retry_after_max_seconds))
         try:
@@ -524,14 +525,3 @@ async def _settled(bookkeeping: Awaitable[None]) -> bool:
             cancelled = True
     job.result()  # the bookkeeping's own error, raised as an unshielded await raised it
     return cancelled
-
-
-def _partner_wide(exc: BaseException | None) -> RetryAfter | None:
-    """The partner-wide ``RetryAfter`` that ``exc`` is or was raised ``from``, if any."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, RetryAfter) and exc.partner_wide:
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__
-    return None

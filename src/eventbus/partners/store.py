@@ -8,13 +8,13 @@ answers for the parked events (``ParkedEvents``: they are stored events).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from eventbus.partners.documents import RateLimit, RateTake
 from eventbus.settings import Settings
+from eventbus.store import on_mongodb
 from eventbus.store.base import ParkedEvents, Record
 
 if TYPE_CHECKING:
@@ -63,12 +63,10 @@ def store_beside(events: ParkedEvents, settings: Settings) -> PartnerStore:
 
     A ``MongoEventStore`` gets a ``MongoPartnerStore`` on its database (the
     collection ``Settings.partner_collection``, its clock); any other store (the
-    memory store) a ``MemoryPartnerStore`` in its memory database. The MongoDB store
-    is recognised through ``sys.modules``: where ``eventbus.store.mongo`` was never
-    imported no store can be one, and pymongo is not imported to find out.
+    memory store) a ``MemoryPartnerStore`` in its memory database (``on_mongodb``
+    tells them apart without importing pymongo).
     """
-    mongo = sys.modules.get("eventbus.store.mongo")
-    if mongo is not None and isinstance(events, mongo.MongoEventStore):
+    if on_mongodb(events):
         from eventbus.partners.mongo import MongoPartnerStore
 
         return MongoPartnerStore.beside(events, settings)

@@ -22,7 +22,7 @@ import abc
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from eventbus.correlation import tracecontext
 from eventbus.model.content import error_text
@@ -33,6 +33,7 @@ from eventbus.model.errors import (
     Expired,
     PartnerPaused,
     RetryAfter,
+    caused_by,
 )
 from eventbus.model.outcome import Outcome
 from eventbus.processor.ordering import Lane, stale_pending
@@ -47,7 +48,6 @@ if TYPE_CHECKING:  # the processor builds its mode with itself: a type here, not
     from eventbus.settings import Settings
 
 logger = logging.getLogger("eventbus")
-E = TypeVar("E", bound=BaseException)
 
 
 class Mode(abc.ABC):
@@ -246,7 +246,7 @@ class LiveMode(Mode):
         processor = self.processor
         settings = processor.settings
         cap = attempt_cap(item, settings)
-        later = _caused_by(exc, RetryAfter)
+        later = caused_by(exc, RetryAfter)
         if later is not None and self.attempts_used(item) < cap:
             return self._deferred(item, exc, later)
         kind = processor.classifier.classify(exc)
@@ -323,16 +323,4 @@ def attempt_cap(item: Item, settings: Settings) -> int:
 
 def _paused(exc: BaseException) -> PartnerPaused | None:
     """The ``PartnerPaused`` that ``exc`` is or was raised ``from`` (a handler may wrap it)."""
-    return _caused_by(exc, PartnerPaused)
-
-
-def _caused_by(exc: BaseException, kind: type[E]) -> E | None:
-    """The ``kind`` that ``exc`` is or was raised ``from`` (a handler may wrap it)."""
-    seen: set[int] = set()
-    found: BaseException | None = exc
-    while found is not None and id(found) not in seen:
-        if isinstance(found, kind):
-            return found
-        seen.add(id(found))
-        found = found.__cause__
-    return None
+    return caused_by(exc, PartnerPaused)

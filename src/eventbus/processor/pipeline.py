@@ -57,7 +57,7 @@ from eventbus.processor.handler_loop import HandlerLoop
 from eventbus.processor.heartbeat import Heartbeat, Lease
 from eventbus.processor.intake import Intake, Located
 from eventbus.processor.middleware import Middleware
-from eventbus.processor.mode import LiveMode, Mode
+from eventbus.processor.mode import LiveMode, Mode, attempt_cap
 from eventbus.processor.ordering import Lane, Lanes, applied_fields
 from eventbus.processor.rejections import Rejections
 from eventbus.processor.work import Item, Pending, Result
@@ -469,8 +469,7 @@ class Processor:
                     f"{age:.0f} s after its publish time, past its route's max_age of "
                     f"{route.max_age:g} s: never run"))
                 return True
-        cap = (route.max_attempts if route is not None else None) or self.settings.max_attempts
-        if self.mode.attempts_used(item) <= cap:
+        if self.mode.attempts_used(item) <= attempt_cap(item, self.settings):
             return False
         self._failed(item, lane, AttemptCapReached("attempt cap reached"))
         return True

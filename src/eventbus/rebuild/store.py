@@ -8,11 +8,11 @@ event records are the event store's (``eventbus.store.base.RebuildStore``).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from eventbus.settings import Settings
+from eventbus.store import on_mongodb
 from eventbus.store.base import Clocked, Record
 
 if TYPE_CHECKING:
@@ -46,13 +46,11 @@ class RunStore(Clocked, Protocol):
 def runs_beside(events: Clocked, settings: Settings) -> RunStore:
     """Return the run store beside the event store ``events``: the same database.
 
-    As ``eventbus.partners.store.store_beside``: a ``MongoEventStore`` (recognised
-    through ``sys.modules``, so pymongo is never imported to find out) gets a
-    ``MongoRunStore`` on its database, any other store a ``MemoryRunStore`` in its
+    As ``eventbus.partners.store.store_beside``: a ``MongoEventStore`` (``on_mongodb``)
+    gets a ``MongoRunStore`` on its database, any other store a ``MemoryRunStore`` in its
     memory database.
     """
-    mongo = sys.modules.get("eventbus.store.mongo")
-    if mongo is not None and isinstance(events, mongo.MongoEventStore):
+    if on_mongodb(events):
         from eventbus.rebuild.mongo import MongoRunStore
 
         return MongoRunStore.beside(events, settings)

@@ -22,7 +22,24 @@ Never the processor, transports, operations or a feature.
 Importing this package does not import pymongo.
 """
 
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, TypeGuard
+
 from eventbus.store.base import Claim, EventStore, OutboxEntry, Record
 from eventbus.store.memory import MemoryEventStore
 
-__all__ = ["Claim", "EventStore", "MemoryEventStore", "OutboxEntry", "Record"]
+if TYPE_CHECKING:
+    from eventbus.store.mongo import MongoEventStore
+
+__all__ = ["Claim", "EventStore", "MemoryEventStore", "OutboxEntry", "Record", "on_mongodb"]
+
+
+def on_mongodb(events: object) -> TypeGuard[MongoEventStore]:
+    """True when ``events`` is a ``MongoEventStore``: what a feature's store beside it is
+    built on (``store_beside``, ``runs_beside``). Recognised through ``sys.modules``: where
+    ``eventbus.store.mongo`` was never imported no store can be one, and pymongo is not
+    imported to find out."""
+    mongo = sys.modules.get("eventbus.store.mongo")
+    return mongo is not None and isinstance(events, mongo.MongoEventStore)
