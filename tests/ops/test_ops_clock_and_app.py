@@ -18,6 +18,7 @@ import contextlib
 import datetime as dt
 import importlib
 import io
+import json
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -194,6 +195,16 @@ def test_the_console_decides_on_the_stores_clock(store: Any) -> None:
     args = cli.parser().parse_args(["console"])
     served, _ = console.build(args, tools)
     assert on_store_clock(store, served.extensions["eventbus.console"].now())
+
+
+def test_since_counts_back_from_the_stores_clock(store: Any) -> None:
+    """``--since 10m``: ten minutes before the store's now, not the host's (30 min ahead)."""
+    deliver(store, "CALL", 1)  # a failure, created at the store's T
+    code, out, err = run(store, "failed", "--since", "10m", "--json")
+    assert code == 0, err
+    assert [group["count"] for group in json.loads(out)["groups"]] == [1]
+    code, out, err = run(store, "stats", "--since", "10m", "--json")
+    assert code == 0 and json.loads(out)["total"] == 1, (out, err)
 
 
 # --- fault 7: one loader for every --app ---------------------------------------------------

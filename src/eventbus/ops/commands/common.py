@@ -69,18 +69,29 @@ class Tools:
         print(to_json(data) if getattr(args, "json", False) else text, file=self.out)
 
 
-def since(text: str) -> dt.datetime:
-    """Parse ``--since``: a duration back from now (``90m``, ``2h``, ``7d``) or an ISO time."""
+def since(text: str) -> dt.datetime | dt.timedelta:
+    """Parse ``--since``: a duration back from now (``90m``, ``2h``, ``7d``) or an ISO time.
+
+    A duration stays one until ``since_at`` counts it back from the store's clock
+    (REFERENCE.md, "Time"): ``--since 2h`` from a host whose clock is 30 minutes off
+    means the same two hours as from any other.
+    """
     match = _SINCE.fullmatch(text.strip())
     if match:
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-        return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+        return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
     try:
         moment = dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"not a duration like 2h or 7d, nor an ISO time: {text!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def since_at(value: dt.datetime | dt.timedelta | None, tools: Tools) -> dt.datetime | None:
+    """The moment of a parsed ``--since``: a duration counted back from ``tools.now()``."""
+    if isinstance(value, dt.timedelta):
+        return tools.now() - value
+    return value
 
 
 def duration(text: str) -> dt.timedelta:
@@ -166,10 +177,10 @@ def filters_given(args: argparse.Namespace) -> bool:
                for name in ("event_type", "partner", "since", "retryable"))
 
 
-def query_of(args: argparse.Namespace) -> EventQuery:
-    """Return the failed-event query of the filter options."""
-    return failed_query(event_type=args.event_type, partner_id=args.partner, since=args.since,
-                        retryable=args.retryable)
+def query_of(args: argparse.Namespace, tools: Tools) -> EventQuery:
+    """Return the failed-event query of the filter options (``--since`` on the store's clock)."""
+    return failed_query(event_type=args.event_type, partner_id=args.partner,
+                        since=since_at(args.since, tools), retryable=args.retryable)
 
 
 def load_app(spec: str) -> Any:

@@ -19,6 +19,7 @@ from eventbus.ops.commands.common import (
     positive,
     query_of,
     since,
+    since_at,
     width_of,
 )
 from eventbus.ops.render import WIDTH, clip, duration, moment, safe, table, to_json
@@ -96,7 +97,7 @@ def add_retries(commands: Any) -> None:
 
 def cmd_failed(args: argparse.Namespace, tools: Tools) -> int:
     """Print the failed events of the filters, grouped by cause (or listed)."""
-    report = failed_groups(tools.store(), query_of(args))
+    report = failed_groups(tools.store(), query_of(args, tools))
     data = {"groups": [group.to_json() for group in report.groups],
             "truncated": report.truncated}
     if args.list:
@@ -296,7 +297,7 @@ def _indent(text: str) -> str:
 
 def cmd_stats(args: argparse.Namespace, tools: Tools) -> int:
     """Print events by type, status and partner created in the window."""
-    start = args.since or tools.now() - dt.timedelta(hours=args.hours or 24)
+    start = since_at(args.since, tools) or tools.now() - dt.timedelta(hours=args.hours or 24)
     counts = stats(tools.store(), start)
     tools.emit(counts.to_json(), stats_text(counts, width_of(args)), args)
     return 0

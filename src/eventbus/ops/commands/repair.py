@@ -94,11 +94,11 @@ def select(args: argparse.Namespace, tools: Tools) -> tuple[list[Record], list[s
     if args.keys:
         return fetch(store, list(dict.fromkeys(args.keys)))
     if args.group is not None:
-        group = find_group(failed_groups(store, query_of(args)), args.group)
+        group = find_group(failed_groups(store, query_of(args, tools)), args.group)
         if group is None:
             raise UsageError(f"no failed group {safe(args.group)!r} (see `eventbus failed`)")
         return fetch(store, group.keys)
-    return failed_groups(store, query_of(args)).records, []
+    return failed_groups(store, query_of(args, tools)).records, []
 
 
 def _plan(args: argparse.Namespace, tools: Tools, chosen: list[Record],
