@@ -1021,6 +1021,9 @@ before_images = st.fixed_dictionaries({
     "retryable": st.sampled_from([MISSING, True, False, None, 1, 0, "true"]),
     "lease_until": st.just(MISSING) | st.none() | _ms.map(lambda ms: timedelta(milliseconds=ms)),
     "lease_owner": st.just(MISSING) | st.just("earlier"),
+    # A deferral (RetryAfter): a FAILED-retryable record waits for it, whatever else it holds.
+    documents.NOT_BEFORE: st.just(MISSING) | st.none() | st.just("soon") | _ms.map(
+        lambda ms: timedelta(milliseconds=ms)),
     "attempts": st.just(MISSING) | st.none() | st.integers(0, 6),
     "entity_metadata": st.just(MISSING) | st.fixed_dictionaries(
         {"partnerId": st.just("old")},
@@ -1048,7 +1051,7 @@ def taken_image(before: dict[str, Any], moment: datetime, owner: str,
     A record without a status is new: it gets the seed and audit fields and
     a fresh attempt map. Any other record keeps its fields and adds the
     attempt to its map. Either way the claim's own fields are written and a
-    FAILED record's ``retryable`` and ``error`` go.
+    FAILED record's ``retryable``, ``error`` and ``not_before`` go.
     """
     attempt, stamp = documents.next_attempt(before), documents.epoch_ms(moment)
     after = dict(before)
@@ -1062,6 +1065,7 @@ def taken_image(before: dict[str, Any], moment: datetime, owner: str,
     meta["resilienceAttemptCount"] = {**history, str(attempt): stamp}
     after.pop("error", None)
     after.pop("retryable", None)
+    after.pop(documents.NOT_BEFORE, None)
     after.update(event_status=PROCESSING, lease_owner=owner, attempts=attempt,
                  lease_until=lease_until, lastUpdatedTime=stamp,
                  pubsub=FIELDS["pubsub"], entity_metadata=meta)
@@ -1080,6 +1084,8 @@ def test_the_python_rule_and_each_store_agree_on_the_claim(
         # The server's clock runs on: a lease within SLACK of it may have run
         # out by the claim or not. The memory half pins the boundary exactly.
         assume(not isinstance(lease, timedelta) or abs(lease) > SLACK)
+        deferral = image[documents.NOT_BEFORE]
+        assume(not isinstance(deferral, timedelta) or abs(deferral) > SLACK)
     mark = store.now()  # the leases are around the store's clock, not the caller's
     put_raw(store, _document(key, image, mark))
     before = store.get(key)

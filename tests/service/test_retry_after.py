@@ -67,6 +67,7 @@ def test_a_retry_after_past_the_attempt_cap_fails_for_good() -> None:
     bus = bus_raising(5, max_attempts=2)
     first = publish(bus)
     assert first.outcome is Outcome.DEFERRED and first.attempt == 1
+    bus.clock.advance(6)  # its time came
     final = bus.redeliver(first.key)  # attempt 2 is the cap, as for any transient error
     assert final.outcome is Outcome.REJECTED and final.attempt == 2  # nothing retried forever
     record = bus.store.get(first.key) or {}
@@ -190,3 +191,39 @@ def test_an_event_scoped_retry_after_leaves_the_breaker_alone() -> None:
     stored = beside(store).breaker_get("acme") or {}
     assert stored.get("state", "closed") == "closed"  # one failure: under the threshold
     assert group.get("acme").call(lambda: "ok") == "ok"
+
+
+def test_a_duplicate_delivery_before_its_time_is_answered_and_never_run_early() -> None:
+    """The known gap of issue 43: the claim took a deferred record and dropped its time."""
+    runs: list[int] = []
+    routes = Router()
+
+    @routes.handler("ORDER")
+    def later(context: Context) -> None:
+        runs.append(context.attempt)
+        if len(runs) == 1:
+            raise RetryAfter(120, "partner asked")
+
+    bus = closed_after_test(LocalBus(routes, settings=Settings(relay_inline=False)))
+    first = publish(bus)
+    assert first.outcome is Outcome.DEFERRED
+    early = bus.redeliver(first.key)  # Pub/Sub's duplicate, a minute before the time
+    assert early.outcome is Outcome.DUPLICATE and early.outcome.acked and runs == [1]
+    record = bus.store.get(first.key) or {}
+    assert record["event_status"] == "FAILED" and record["not_before"] == record["redrive_at"]
+    bus.clock.advance(121)
+    due = bus.redeliver(first.key)  # the redrive's publication, at its time
+    assert due.outcome is Outcome.PROCESSED and runs == [1, 2]
+    assert "not_before" not in (bus.store.get(first.key) or {})
+
+
+def test_a_replay_of_a_deferred_event_runs_it_now() -> None:
+    from eventbus.store.documents import NOT_BEFORE
+
+    bus = bus_raising(3600)
+    first = publish(bus)
+    assert NOT_BEFORE in (bus.store.get(first.key) or {})
+    after = bus.store.record_replay(first.key, {"by": "test"}, bus.store.now(), reopen=True,
+                                    redrive_at=bus.store.now())
+    assert after is not None and NOT_BEFORE not in after
+    assert bus.redeliver(first.key).outcome is Outcome.DEFERRED  # taken and run again

@@ -83,6 +83,14 @@ class TestClaimable:
         ({"event_status": FAILED, "retryable": False}, False),
         ({"event_status": FAILED}, False),
         ({"event_status": FAILED, "retryable": 1}, False),
+        # A deferral (RetryAfter): not before its time, at it and after it yes.
+        ({"event_status": FAILED, "retryable": True, "not_before": LEASE + timedelta(
+            milliseconds=1)}, False),
+        ({"event_status": FAILED, "retryable": True, "not_before": LEASE}, True),
+        ({"event_status": FAILED, "retryable": True, "not_before": LEASE - timedelta(
+            seconds=1)}, True),
+        ({"event_status": FAILED, "retryable": True, "not_before": None}, True),
+        ({"event_status": PENDING, "not_before": LEASE + timedelta(days=1)}, True),
         ({"event_status": SUCCESS}, False),
         ({"event_status": "ARCHIVED"}, False),
         ({"event_status": PROCESSING}, True),

@@ -294,7 +294,9 @@ class LiveMode(Mode):
         at = now + timedelta(seconds=later.delay(
             now, self.processor.settings.retry_after_max_seconds))
         error = {**documents.error_document(exc, RetryAfter.classification), "until": at}
-        finish = Finish(item.key, item.claim.owner, error=error, retryable=True, redrive_at=at)
+        # not_before: a duplicate delivery meanwhile is answered, never run early.
+        finish = Finish(item.key, item.claim.owner, error=error, retryable=True, redrive_at=at,
+                        not_before=at)
         return Pending(finish, Result(Outcome.DEFERRED, key=item.key, event_type=item.event_type,
                                       attempt=item.claim.attempt, error=brief(exc)),
                        (logging.INFO, f"deferred {item.key} until {at} (attempt "

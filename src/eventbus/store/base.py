@@ -100,6 +100,9 @@ class Finish:
     """Give the claim back untouched (its entity is busy): PENDING again, the attempt returned.
 
     With ``redrive_at``: when the store's redrive brings it back if the broker does not."""
+    not_before: datetime | None = None
+    """A FAILED-retryable deferral (``RetryAfter``): no claim takes it before this time on the
+    store's clock (``documents.NOT_BEFORE``), so a duplicate delivery does not run it early."""
     parked: bool = False
     """A FAILED-retryable park (its partner paused): counts one more in the record's ``parks``."""
     audit: Mapping[str, Any] | None = None

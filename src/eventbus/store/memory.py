@@ -144,7 +144,7 @@ class MemoryEventStore(MemoryBatchMixin, MemoryOperatorMixin, MemoryReplayMixin)
             meta = _mapping(record.get("entity_metadata"))
             history = _mapping(meta.get("resilienceAttemptCount"))
         meta["resilienceAttemptCount"] = {**history, str(attempt): stamp}
-        for name in ("retryable", "error", "redrive_at"):
+        for name in ("retryable", "error", "redrive_at", documents.NOT_BEFORE):
             record.pop(name, None)
         record.update(event_status=documents.PROCESSING, lease_owner=owner, attempts=attempt,
                       lease_until=lease_end(self.now(), self._lease), lastUpdatedTime=stamp,

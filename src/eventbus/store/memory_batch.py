@@ -133,7 +133,8 @@ class MemoryBatchMixin:
             return self.succeed(finish.key, finish.owner, now, finish.outbox)
         fields = {**dict(finish.extra or {}),
                   **documents.fail_fields(now, finish.error, retryable=finish.retryable,
-                                          redrive_at=finish.redrive_at)}
+                                          redrive_at=finish.redrive_at,
+                                          not_before=finish.not_before)}
         return self._finish(finish.key, finish.owner, fields, parked=finish.parked)
 
     def _unclaim(self, key: str, owner: str, now: datetime,

@@ -66,6 +66,7 @@ class MemoryOperatorMixin:
             if reopen:
                 record.update(retryable=True, replayed_at_attempt=record.get("attempts", 0),
                               lastUpdatedTime=documents.epoch_ms(now))
+                record.pop(documents.NOT_BEFORE, None)  # as replay_pipeline: runs now
                 if redrive_at is not None:  # as replay_pipeline: a fresh redrive budget
                     record.update(redrive_at=documents.bson_time(redrive_at),
                                   redrives=record.get("parks") or 0)

@@ -218,8 +218,9 @@ def replay_pipeline(entry: Mapping[str, Any], now: datetime, *, reopen: bool,
     if reopen:
         # The processor counts the attempt cap from replayed_at_attempt, so a
         # reopened record gets a fresh set of attempts; retryable makes it claimable.
+        # A replay runs now: a deferral (NOT_BEFORE) no longer holds it back.
         done.update(retryable=True, replayed_at_attempt={"$ifNull": ["$attempts", 0]},
-                    lastUpdatedTime=documents.epoch_ms(now))
+                    lastUpdatedTime=documents.epoch_ms(now), **{documents.NOT_BEFORE: "$$REMOVE"})
         if redrive_at is not None:
             # The sweeper spends ``redrives - parks``: starting redrives at the parks
             # gives the reopened record a fresh budget without forgetting its parks.

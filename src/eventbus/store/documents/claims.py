@@ -24,6 +24,7 @@ from eventbus.store.documents.records import (
     DELIVERY_COUNT,
     EPOCH,
     FAILED,
+    NOT_BEFORE,
     PENDING,
     PROCESSING,
     REJECTED,
@@ -99,7 +100,7 @@ def claimable(previous: Mapping[str, Any] | None, now: datetime,
     if status is None or status in ("", PENDING):
         return True
     if status == FAILED:
-        return previous.get("retryable") is True
+        return previous.get("retryable") is True and due(previous.get(NOT_BEFORE), now)
     if status == PROCESSING:
         return lease_expired(previous.get("lease_until"), now)
     return False
@@ -112,6 +113,13 @@ def lease_expired(lease_until: Any, now: datetime) -> bool:
     if not isinstance(lease_until, datetime):
         return True
     return bson_time(lease_until) < bson_time(now)
+
+
+def due(not_before: Any, now: datetime) -> bool:
+    """Return True when a deferral until ``not_before`` (a datetime, or none) is over at ``now``."""
+    # As the lease: a deferral ends when the store's clock passes it; a missing or
+    # malformed one (no deferral) never keeps a record from its claim.
+    return not isinstance(not_before, datetime) or bson_time(not_before) <= bson_time(now)
 
 
 def next_attempt(previous: Mapping[str, Any] | None) -> int:
@@ -172,7 +180,8 @@ def _take_expression(fingerprint: str, shift: Shift | None) -> dict[str, Any]:
     status = {"$ifNull": ["$event_status", ""]}
     state = {"$or": [
         {"$in": [status, ["", PENDING]]},
-        {"$and": [{"$eq": [status, FAILED]}, {"$eq": ["$retryable", True]}]},
+        {"$and": [{"$eq": [status, FAILED]}, {"$eq": ["$retryable", True]},
+                  {"$lte": [{"$ifNull": [f"${NOT_BEFORE}", EPOCH]}, store_now(shift)]}]},
         {"$and": [{"$eq": [status, PROCESSING]},
                   {"$lt": [{"$ifNull": ["$lease_until", EPOCH]}, store_now(shift)]}]},
     ]}
@@ -198,6 +207,7 @@ def _taken_fields(fields: Mapping[str, Any], stamp: str, owner: str,
         "retryable": "$$REMOVE",
         "error": "$$REMOVE",
         "redrive_at": "$$REMOVE",
+        NOT_BEFORE: "$$REMOVE",
     }
 
 

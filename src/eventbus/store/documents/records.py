@@ -36,12 +36,17 @@ MAX_ERROR_TYPE = 200
 _SALVAGE_MAX = 256
 _MILLISECOND = timedelta(milliseconds=1)
 REJECTED = "rejected"
+"""Set on a record stored by rejection (``reject_update``): FAILED for good, never claimed."""
 REBUILD_MADE = "rebuild_made"
 """The id of the rebuild that made a record (an archived event with no record here, run by
 ``eventbus rebuild --from-archive``). While such a record is unfinished (PENDING or
 PROCESSING) only a rebuild runs it: the redrive leaves it out (``redrive_filter``) and
 ``--resume`` (or a rebuild given its key) claims it again once its lease lapsed."""
-"""Set on a record stored by rejection (``reject_update``): FAILED for good, never claimed."""
+NOT_BEFORE = "not_before"
+"""On a FAILED-retryable record a handler or partner deferred (``RetryAfter``): no claim
+takes it before this time on the store's clock, a duplicate delivery included (it is
+answered as a duplicate and acked); the store's redrive brings it back then (its
+``redrive_at`` is the same time). A replay, and the claim that takes it, remove it."""
 
 DELIVERY_COUNT = "delivery_count"
 """On a record stored by rejection: how many times these very bytes came (``payload_sha256``).

@@ -20,6 +20,7 @@ from eventbus.store.documents.records import (
     DELIVERY_COUNT,
     EPOCH,
     FAILED,
+    NOT_BEFORE,
     PENDING,
     PROCESSING,
     REBUILD_MADE,
@@ -158,7 +159,7 @@ def finish_update(finish: Any, now: datetime) -> dict[str, Any]:
     if finish.error is None:
         return succeed_update(now, finish.outbox, finish.extra)
     update = fail_update(now, finish.error, retryable=finish.retryable,
-                         redrive_at=finish.redrive_at)
+                         redrive_at=finish.redrive_at, not_before=finish.not_before)
     if finish.extra:  # a new record a rebuild failed keeps its audit entry
         update["$set"] = {**dict(finish.extra), **update["$set"]}
     if finish.parked:  # counted where no claim erases it (``partner_documents.parks``)
@@ -167,19 +168,25 @@ def finish_update(finish: Any, now: datetime) -> dict[str, Any]:
 
 
 def fail_fields(now: datetime, error: Mapping[str, Any], *, retryable: bool,
-                redrive_at: datetime | None = None) -> dict[str, Any]:
-    """Return the fields a FAILED record gets; ``redrive_at`` when the store finishes its retry."""
+                redrive_at: datetime | None = None,
+                not_before: datetime | None = None) -> dict[str, Any]:
+    """Return the fields a FAILED record gets; ``redrive_at`` when the store finishes its retry,
+    ``not_before`` when no claim may take it sooner (a deferral, ``NOT_BEFORE``)."""
     fields = {"event_status": FAILED, "retryable": retryable, "error": dict(error),
               "lastUpdatedTime": epoch_ms(now)}
     if retryable and redrive_at is not None:
         fields["redrive_at"] = bson_time(redrive_at)
+    if retryable and not_before is not None:
+        fields[NOT_BEFORE] = bson_time(not_before)
     return fields
 
 
 def fail_update(now: datetime, error: Mapping[str, Any], *, retryable: bool,
-                redrive_at: datetime | None = None) -> dict[str, Any]:
+                redrive_at: datetime | None = None,
+                not_before: datetime | None = None) -> dict[str, Any]:
     """Return the update that marks a claimed record FAILED, retryable or for good."""
-    return {"$set": fail_fields(now, error, retryable=retryable, redrive_at=redrive_at),
+    return {"$set": fail_fields(now, error, retryable=retryable, redrive_at=redrive_at,
+                                not_before=not_before),
             "$unset": {"lease_until": "", "lease_owner": ""}}
 
 
