@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import selectors
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
@@ -158,14 +159,23 @@ class SimHandlerLoop:
             finally:
                 future.done = True
                 self._loops.discard(loop)
-                for task in asyncio.all_tasks(loop):
+                tasks = asyncio.all_tasks(loop)
+                for task in tasks:
                     task.cancel()
                 with contextlib.suppress(BaseException):
                     loop.close()
                 # A crashed instance's loop never ran them: closed, so no "never awaited"
-                # warning surfaces later, in whichever test the collector runs in.
+                # warning surfaces later, in whichever test the collector runs in (a task
+                # made just before the crash, such as the guard's shielded to_thread job,
+                # counts too: only one that never started, as closing a started task's
+                # would run its finally blocks outside the scheduler).
                 for coroutine in (main, *work):
                     coroutine.close()
+                for task in tasks:
+                    unstarted = task.get_coro()
+                    if inspect.iscoroutine(unstarted) and \
+                            inspect.getcoroutinestate(unstarted) == inspect.CORO_CREATED:
+                        unstarted.close()
 
         self.scheduler.spawn(self.actor, body, f"{self.actor.name}/loop")
         return future
