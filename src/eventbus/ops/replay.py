@@ -95,7 +95,7 @@ class Replayer:
         try:
             if key.startswith("conflict:") and correct.refused(record):
                 return self.replay_with_data(record, correct.stored_payload(record))
-            message = build(record, self.locate)
+            message = build(record, self.locate, keep_age=False)
         except (NotReplayable, InvalidEvent) as exc:
             return ReplayResult(key, "skipped", str(exc))
         return self._reopen_and_publish(key, message, reopen=True)

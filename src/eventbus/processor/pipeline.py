@@ -475,8 +475,12 @@ class Processor:
         return True
 
     def _age(self, item: Item) -> float | None:
-        """Seconds from the delivery's publish time to the store's now (None: no time)."""
-        published = item.delivery.published_at()
+        """Seconds from the event's first publish time to the store's now (None: no time).
+
+        A redriven message is stamped anew by Pub/Sub: its first publish time rides along
+        as an attribute (``Delivery.first_published_at``), so a redrive never makes an
+        event young again."""
+        published = item.delivery.first_published_at()
         return None if published is None else (self.store.now() - published).total_seconds()
 
     def _failed(self, item: Item, lane: Lane, exc: Exception) -> None:

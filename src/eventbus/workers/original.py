@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from datetime import UTC
 from typing import Any
 
-from eventbus.model.delivery import Delivery
+from eventbus.model.delivery import FIRST_PUBLISH_TIME, Delivery, earliest
 from eventbus.model.errors import EventBusError, InvalidEvent
 from eventbus.model.event import Event, event_from_document
 from eventbus.model.keys import canonical_json
@@ -69,12 +70,33 @@ def ordering_key(record: Mapping[str, Any]) -> str | None:
     return str(ordering) if ordering else None
 
 
-def build(record: Mapping[str, Any], locate: Locator) -> Message:
-    """Return the message that republishes ``record``; ``NotReplayable`` when there is none."""
+def build(record: Mapping[str, Any], locate: Locator, *, keep_age: bool = True) -> Message:
+    """Return the message that republishes ``record``; ``NotReplayable`` when there is none.
+
+    ``keep_age`` (the redrive's): the message carries the first publish time of the
+    record's event (``FIRST_PUBLISH_TIME``), from which a route's ``max_age`` counts.
+    False (an operator's replay, which runs the event now): it carries none.
+    """
     event = stored_event(record)
     attributes = _without_empty_key(stored_attributes(record, event))
+    attributes.pop(FIRST_PUBLISH_TIME, None)
+    first = _first_publish_time(record) if keep_age else None
+    if first:
+        attributes[FIRST_PUBLISH_TIME] = first
     data = canonical_json(event.to_document()).encode()
     return _checked(Message(data, attributes, ordering_key(record), ""), record, locate)
+
+
+def _first_publish_time(record: Mapping[str, Any]) -> str | None:
+    # The stored attributes hold an earlier redrive's first time; else the record's own
+    # message was the first (the claim stores each delivery's publishTime over the last).
+    pubsub = record.get("pubsub")
+    if not isinstance(pubsub, Mapping):
+        return None
+    given = pubsub.get("attributes")
+    first = given.get(FIRST_PUBLISH_TIME) if isinstance(given, Mapping) else None
+    moment = earliest(first, pubsub.get("publishTime"))
+    return None if moment is None else moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _without_empty_key(attributes: dict[str, str]) -> dict[str, str]:
