@@ -307,8 +307,9 @@ class Ledger:
         age = self.age(run.key, taken[0], run.actor)
         if age is not None and age > limit:
             self.violate(ExpiryBroken, f"{run.key}'s handler ran live on {run.actor.name}: its "
-                                       f"claim came {age:.0f} s after its {self.age_from} publish on the "
-                                       f"store's clock, past its max_age of {limit:g} s")
+                                       f"claim came {age:.0f} s after its {self.age_from} "
+                                       f"publish on the store's clock, past its max_age of "
+                                       f"{limit:g} s")
 
     def deferral(self, actor: Actor, key: str, record: Mapping[str, Any] | None,
                  not_before: datetime, now: datetime) -> None:
@@ -337,8 +338,8 @@ class Ledger:
         if limit is None or age is None or age <= limit:
             self.violate(ExpiryBroken, f"{key} was stored expired on {actor.name} "
                                        f"{'?' if age is None else f'{age:.0f}'} s after its "
-                                       f"{self.age_from} publish on the store's clock, within its max_age "
-                                       f"({limit})")
+                                       f"{self.age_from} publish on the store's clock, "
+                                       f"within its max_age ({limit})")
 
     def rebuilt(self, key: str, error: str | None) -> None:
         """A rebuild counted ``key``'s result (``error``: as answered, the error's type

@@ -60,11 +60,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+from eventbus.http.retry_after import retry_after
 from eventbus.model.context import Context
 from eventbus.model.delivery import Delivery
-from eventbus.http.retry_after import retry_after
-from eventbus.model.errors import (PartnerPaused, PermanentError, RetryAfter,
-                                   StoreUnavailable)
+from eventbus.model.errors import PartnerPaused, PermanentError, RetryAfter, StoreUnavailable
 from eventbus.model.event import parse_event
 from eventbus.model.keys import record_key
 from eventbus.model.order import entity_key
