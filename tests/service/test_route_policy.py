@@ -9,11 +9,13 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eventbus import Router
 from eventbus.model.context import Context
-from eventbus.model.delivery import Delivery
-from eventbus.model.errors import TransientError
+from eventbus.model.delivery import FIRST_PUBLISH_TIME, Delivery
+from eventbus.model.errors import RetryAfter, TransientError
 from eventbus.model.outcome import Outcome
 from eventbus.partners import Partners
 from eventbus.processor import Processor
@@ -21,7 +23,10 @@ from eventbus.pubsub.message import build_event, build_message
 from eventbus.rebuild.mode import ReplayMode
 from eventbus.settings import Settings
 from eventbus.store.memory import MemoryEventStore
-from eventbus.testing import FakeClock
+from eventbus.testing import CapturingPublisher, FakeClock
+from eventbus.workers import original
+from eventbus.workers.redrive import Redriver
+from tests.hypothesis_profiles import examples
 
 NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
 SETTINGS = Settings(relay_inline=False, max_attempts=5)
@@ -114,3 +119,59 @@ def test_an_impossible_policy_is_refused_at_start_up_naming_the_route(
     routes = Router()
     with pytest.raises(ValueError, match="route 'NOTIFY'"):
         routes.handler("NOTIFY", **options)(lambda context: None)
+
+
+def _redriven(store: MemoryEventStore, run: Processor) -> Delivery:
+    """The one message the redrive sweeper publishes now, as Pub/Sub delivers it: stamped
+    with a new publishTime, the store's now."""
+    published = CapturingPublisher()
+    Redriver(store, published, SETTINGS, now=store.now, locate=run.locate).sweep()
+    (message,) = published.take()
+    return Delivery(message.data, message.attributes, message_id=message.message_id,
+                    publish_time=store.now().isoformat().replace("+00:00", "Z"))
+
+
+@pytest.mark.parametrize("offset", [-600.0, 600.0])
+def test_a_redriven_event_keeps_its_first_publish_time_for_max_age(offset: float) -> None:
+    """Pub/Sub stamps the redrive's message anew; its age still counts from the first publish
+    (simulation seeds 32, 198, 143, 212 ran it past its max_age when it did not)."""
+    routes, ran = Router(), []
+
+    @routes.handler("NOTIFY", max_age=900)
+    def notify(context: Context) -> None:
+        ran.append(context.key)
+        raise RetryAfter(600, "partner asked")
+
+    clock = FakeClock(NOW)
+    store = MemoryEventStore(clock=clock)
+    with contextlib.closing(processor(store, routes, offset)) as run:
+        first = run.process(delivery("NOTIFY", NOW - dt.timedelta(seconds=100)))
+        assert first.outcome is Outcome.DEFERRED and len(ran) == 1
+        clock.advance(601)  # due: 701 s after the first publish, within max_age
+        again = run.process(_redriven(store, run))
+        assert again.outcome is Outcome.DEFERRED and len(ran) == 2
+        clock.advance(601)  # 1,302 s after the first publish: past it, however young the message
+        redriven = _redriven(store, run)
+        assert redriven.attributes[FIRST_PUBLISH_TIME] == "2026-12-03T11:58:20Z"
+        late = run.process(redriven)
+    assert late.outcome is Outcome.REJECTED and len(ran) == 2
+    assert (store.get(late.key) or {})["error"]["classification"] == "expired"
+
+
+def test_the_first_publish_time_is_the_earliest_known() -> None:
+    record = {"idempotency_key": "k", "pubsub": {
+        "publishTime": "2026-12-03T11:00:00Z",
+        "attributes": {FIRST_PUBLISH_TIME: "2026-12-01T00:00:00Z", "idempotency_key": "k"}}}
+    assert original.first_publish_time(record) == "2026-12-01T00:00:00Z"
+    forged = {"pubsub": {"publishTime": "2026-12-03T11:00:00Z",
+                         "attributes": {FIRST_PUBLISH_TIME: "2030-01-01T00:00:00Z"}}}
+    assert original.first_publish_time(forged) == "2026-12-03T11:00:00Z"  # never younger
+
+
+@given(st.one_of(st.text(max_size=60), st.none(), st.integers(), st.binary(max_size=20)))
+@settings(max_examples=examples(100))
+def test_a_hostile_first_publish_time_never_makes_an_event_younger(value: Any) -> None:
+    published = "2026-12-03T11:00:00Z"
+    attributes = {FIRST_PUBLISH_TIME: value}
+    moment = Delivery(b"{}", attributes, publish_time=published).first_published_at()
+    assert moment is not None and moment <= dt.datetime(2026, 12, 3, 11, tzinfo=dt.UTC)

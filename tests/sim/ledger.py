@@ -130,7 +130,8 @@ class Ledger:
         self.age_from = age_from
         """What ``max_age`` counts from: ``first``, the event's first publish (the promise:
         a redrive's republish does not make it younger), or ``delivery``, the publish time
-        of the message its claim came with (the library today: ``tests.sim.world.AGE_FROM``)."""
+        of the message its claim came with (the library before the redrive carried the first
+        publish time; ``tests.sim.world.AGE_FROM``)."""
         self.records = records
         self.pending: list[Violation] = []
         self.runs: list[Run] = []

@@ -8,9 +8,9 @@ shortest trace.
 
 A kept seed runs with the shape it had when it was found: ``Shape.policy``
 (issue 43) came after them, and 13 of them now draw it, which would change
-their runs (``as_found``). ``AGE_FROM_FIRST`` seeds are issue 43's: they break
-``max_age`` counted from the event's first publish (the promise), which the
-budget does not check yet (``tests.sim.world.AGE_FROM``).
+their runs (``as_found``). ``AGE_FROM_FIRST`` seeds are issue 43's: they broke
+``max_age`` counted from the event's first publish (the promise) before the
+redrive carried that time.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import random
 import pytest
 
 from tests.sim.runner import report, shrink
-from tests.sim.world import Shape, World, run_seed
+from tests.sim.world import Shape, run_seed
 
 pytestmark = [pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore::ResourceWarning")]
@@ -115,8 +115,8 @@ AGE_FROM_FIRST: list[tuple[int, str]] = [
     (143, "partner-answer-redriven-runs-past-max-age"),
     (212, "lapsed-claim-redriven-runs-on-a-pull-batch"),
 ]
-"""(seed, the path) of seeds that run a redriven event past its max_age (from its first
-publish); xfail (not strict) until it is fixed, then ``AGE_FROM`` becomes ``first``."""
+"""(seed, the path) of seeds that ran a redriven event past its max_age (from its first
+publish) before the redrive carried the first publish time."""
 
 KNOWN_SEEDS = frozenset(seed for seed, _, _ in EXAMPLES) | {seed for seed, _ in MAIN_ONLY}
 
@@ -141,24 +141,15 @@ def test_example(seed: int) -> None:
         pytest.fail(report(shrink(seed, world)), pytrace=False)
 
 
-@pytest.mark.parametrize("seed", [pytest.param(seed, id=f"seed{seed}-{path}", marks=[
-    pytest.mark.xfail(strict=False, reason="issue 43: a redrive makes an event young again")])
-    for seed, path in AGE_FROM_FIRST])
+@pytest.mark.parametrize("seed", [pytest.param(seed, id=f"seed{seed}-{path}")
+                                  for seed, path in AGE_FROM_FIRST])
 def test_max_age_from_first_publish(seed: int) -> None:
     """Counted from its first publish, no event runs live past its route's max_age, however
     often the redrive republished it."""
     world = run_seed(seed, age_from="first")
+    assert world.shape.policy  # type: ignore[attr-defined]
     if world.violation is not None:  # type: ignore[attr-defined]
         pytest.fail(str(world.violation), pytrace=False)  # type: ignore[attr-defined]
-
-
-def test_max_age_as_the_library_counts() -> None:
-    """The same seeds keep every rule of max_age counted from the delivery's publish time:
-    only the redrive's new publish time stands between them and the promise."""
-    for seed, _ in AGE_FROM_FIRST:
-        world: World = run_seed(seed)
-        assert world.shape.policy and world.violation is None, (  # type: ignore[attr-defined]
-            seed, world.violation)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("seed", [11, 66, 432])

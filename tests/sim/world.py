@@ -105,13 +105,12 @@ partner's rate: 0 s is below what their variables take (above 0), so those two a
 unvalidated (``model_copy``, as ``Settings`` took any value before it was a pydantic model)."""
 OFFSETS = (0.0, 0.0, -600.0, 600.0, -30.0, 30.0, -7.0, 7.0)
 FAULTS = ("pause", "crash", "unavailable", "tick")
-AGE_FROM = "delivery"
-"""What the ledger's ``max_age`` counts from (``Ledger.age_from``). The promise is ``first``,
-the event's first publish; the library counts from the delivered message's ``publishTime``,
-and a redrive republishes the event as a new message, so a redriven event (a ``RetryAfter``'s
-always is) is judged young again and runs past its ``max_age`` (seed 32 and others, kept in
-tests/sim/test_examples.py as ``AGE_FROM_FIRST``, xfail). Until that is fixed the budget
-checks every other rule of ``max_age`` from the delivery's publish time."""
+AGE_FROM = "first"
+"""What the ledger's ``max_age`` counts from (``Ledger.age_from``): ``first``, the event's first
+publish, the promise. A redrive republishes the event as a new message, which Pub/Sub stamps
+anew; until the redrive carried the first publish time (``first_publish_time``) a redriven
+event (a ``RetryAfter``'s always is) was judged young again and ran past its ``max_age``
+(seed 32 and others, kept in tests/sim/test_examples.py as ``AGE_FROM_FIRST``)."""
 MAX_AGE = 900.0
 """The ``max_age`` of ``EXP``, ``EXPA`` and ``ORDX``: within the instances' ±10 minutes of the
 ages below, so a verdict on an instance's own clock differs from the store's."""

@@ -80,16 +80,18 @@ def build(record: Mapping[str, Any], locate: Locator, *, keep_age: bool = True) 
     event = stored_event(record)
     attributes = _without_empty_key(stored_attributes(record, event))
     attributes.pop(FIRST_PUBLISH_TIME, None)
-    first = _first_publish_time(record) if keep_age else None
+    first = first_publish_time(record) if keep_age else None
     if first:
         attributes[FIRST_PUBLISH_TIME] = first
     data = canonical_json(event.to_document()).encode()
     return _checked(Message(data, attributes, ordering_key(record), ""), record, locate)
 
 
-def _first_publish_time(record: Mapping[str, Any]) -> str | None:
-    # The stored attributes hold an earlier redrive's first time; else the record's own
-    # message was the first (the claim stores each delivery's publishTime over the last).
+def first_publish_time(record: Mapping[str, Any]) -> str | None:
+    """The first publish time of ``record``'s event: the earlier of its stored message's
+    ``first_publish_time`` attribute (an earlier redrive's) and its ``publishTime``."""
+    # The claim stores each delivery's publishTime over the last, so the first one lives
+    # on only in the attribute once the event has been redriven.
     pubsub = record.get("pubsub")
     if not isinstance(pubsub, Mapping):
         return None
